@@ -1,0 +1,66 @@
+"""Multi-head self-attention that composes position mechanisms.
+
+The layer knows the four hooks of :class:`posattn.mechanisms.base.Mechanism` and the term
+structures of :mod:`.terms`, never a mechanism's name:
+
+    q, k, v = split(x W_QKV)
+    for m in mechanisms: q, k, v = m.transform_qkv(q, k, v)
+    terms   = [t for m in mechanisms for t in m.score_terms(q, k)]
+    o       = attend(q, k, v, terms)            # reference or fast path
+    for m in mechanisms: o = m.transform_output(o, v)
+    y       = merge(o) W_O
+"""
+from __future__ import annotations
+
+from typing import Literal
+
+from torch import Tensor, nn
+
+from ..errors import PositionError
+from ..mechanisms.base import Context, Dims, Mechanism
+from . import fast, reference
+from .terms import Term
+
+Path = Literal["reference", "fast"]
+PATHS: dict[str, object] = {"reference": reference.attend, "fast": fast.attend}
+
+
+class Attention(nn.Module):
+    """Self-attention over [b, n, d_model] with the given per-layer mechanisms."""
+
+    def __init__(self, dims: Dims, mechanisms: list[Mechanism], path: Path = "fast",
+                 dropout: float = 0.0, bias: bool = True) -> None:
+        super().__init__()
+        if path not in PATHS:
+            raise PositionError(f"unknown attention path {path!r}; valid: {', '.join(PATHS)}")
+        self.dims, self.path, self.dropout = dims, path, dropout
+        self.mechanisms = nn.ModuleList(mechanisms)
+        self.qkv = nn.Linear(dims.d_model, 3 * dims.d_model, bias=bias)
+        self.out = nn.Linear(dims.d_model, dims.d_model, bias=bias)
+
+    def project(self, x: Tensor, ctx: Context) -> tuple[Tensor, Tensor, Tensor]:
+        """q, k, v as [b, h, n, d_h] after every mechanism's q/k/v transform."""
+        b, n, _ = x.shape
+        h = self.dims.n_heads
+        q, k, v = self.qkv(x).view(b, n, 3, h, -1).permute(2, 0, 3, 1, 4)
+        ctx.x = x
+        for m in self.mechanisms:
+            q, k, v = m.transform_qkv(q, k, v, ctx)
+        return q, k, v
+
+    def terms(self, q: Tensor, k: Tensor, ctx: Context) -> list[Term]:
+        return [t for m in self.mechanisms for t in m.score_terms(q, k, ctx)]
+
+    def forward(self, x: Tensor, ctx: Context) -> Tensor:
+        q, k, v = self.project(x, ctx)
+        attend = PATHS[self.path]
+        o = attend(q, k, v, self.terms(q, k, ctx), ctx.keep, ctx.causal, self.dropout, self.training)
+        for m in self.mechanisms:
+            o = m.transform_output(o, v, ctx)
+        b, h, n, d = o.shape
+        return self.out(o.transpose(1, 2).reshape(b, n, h * d))
+
+    def scores(self, x: Tensor, ctx: Context) -> Tensor:
+        """Pre-softmax scores [b, h, n, n] with every position term (reference form)."""
+        q, k, _ = self.project(x, ctx)
+        return reference.scores(q, k, self.terms(q, k, ctx))

@@ -1,0 +1,39 @@
+"""The reference path: the spec's equations line by line, with a dense n×n score matrix.
+
+    s_ij = q_i·k_j / √d_h + Σ_terms t_ij ;  p = softmax_j(s_ij masked) ;  o_i = Σ_j p_ij v_j
+
+Obviously correct and quadratic in memory; the fast path is tested equal to it.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from .masking import allowed_mask
+from .terms import Term
+
+
+def scores(q: Tensor, k: Tensor, terms: list[Term], scale: float | None = None) -> Tensor:
+    """Pre-softmax scores [b, h, n, n] (no mask)."""
+    n = q.shape[-2]
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    s = torch.einsum("bhid,bhjd->bhij", q, k) * scale
+    for t in terms:
+        s = s + t.dense(n)
+    return s
+
+
+def attend(
+    q: Tensor, k: Tensor, v: Tensor, terms: list[Term], keep: Tensor | None, causal: bool,
+    dropout: float = 0.0, training: bool = False,
+) -> Tensor:
+    """Attention output [b, h, n, d_v] from the dense score matrix."""
+    s = scores(q, k, terms)
+    ok = allowed_mask(q.shape[-2], keep, causal, q.device)
+    if ok is not None:
+        s = s.masked_fill(~ok, float("-inf"))
+    p = torch.softmax(s, dim=-1)
+    p = torch.nn.functional.dropout(p, dropout, training)
+    return p @ v

@@ -1,0 +1,111 @@
+"""Position mechanisms, one module per family, looked up by name in :mod:`.registry`.
+
+A model names its mechanisms as a list of specs: a name (``"tisa"``) or a dict with options
+(``{"name": "tisa", "n_kernels": 3}``). :func:`build` turns the list into modules and refuses,
+with one :class:`~posattn.errors.PositionError`, what it cannot honour.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Union
+
+from torch import nn
+
+from ..errors import PositionError
+# Registration order is the order `posattn mechanisms` lists them in.
+from . import none, absolute, rope, alibi, t5, conv_bias, conv_layers, tisa, diet, segment, tupe  # noqa: F401, I001
+from .base import Context, Dims, Mechanism
+from .registry import REGISTRY, get, names
+
+SpecLike = Union[str, dict[str, Any], "Spec"]
+
+
+@dataclass(frozen=True)
+class Spec:
+    """A mechanism name with its options."""
+
+    name: str
+    options: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def parse(cls, spec: SpecLike) -> "Spec":
+        if isinstance(spec, Spec):
+            return spec
+        if isinstance(spec, str):
+            return cls(spec)
+        if isinstance(spec, dict) and isinstance(spec.get("name"), str):
+            opts = {k: v for k, v in spec.items() if k != "name"}
+            return cls(spec["name"], opts)
+        raise PositionError(f"a mechanism spec is a name or a dict with a 'name' key, got {spec!r}")
+
+    def to_json(self) -> str | dict[str, Any]:
+        return {"name": self.name, **self.options} if self.options else self.name
+
+
+@dataclass
+class Built:
+    """The mechanisms of one model: input-level ones and one list per layer."""
+
+    input: list[Mechanism]
+    layers: list[list[Mechanism]]
+
+
+def validate(specs: list[SpecLike], dims: Dims) -> list[Spec]:
+    """Parse specs and check names, options and the combination; return the parsed specs."""
+    parsed = [Spec.parse(s) for s in specs]
+    seen: set[str] = set()
+    for s in parsed:
+        cls = get(s.name)
+        unknown = sorted(set(s.options) - set(cls.option_names()))
+        if unknown:
+            raise PositionError(f"{s.name}: unknown option(s) {', '.join(unknown)}; valid options: "
+                                f"{', '.join(cls.option_names()) or 'none'}")
+        if s.name in seen:
+            raise PositionError(f"{s.name}: listed twice; give it once with the options you want")
+        seen.add(s.name)
+    for i, s in enumerate(parsed):
+        others = [o.name for j, o in enumerate(parsed) if j != i]
+        cls = get(s.name)
+        for o in others:
+            both = cls.claims & REGISTRY[o].claims
+            if both:
+                raise PositionError(f"{s.name} and {o} both provide {', '.join(sorted(both))}; keep one")
+        cls.validate(s.options, others, dims)
+    return parsed
+
+
+def build(specs: list[SpecLike], dims: Dims) -> Built:
+    """Instantiate the mechanisms: once for the input, per layer otherwise, or once for every
+    layer where the mechanism shares its parameters across layers."""
+    shared: dict[str, nn.Module] = {}
+    built = Built(input=[], layers=[[] for _ in range(dims.n_layers)])
+    for s in validate(specs, dims):
+        cls = get(s.name)
+        if cls.placement_for(s.options) == "input":
+            built.input.append(cls(dims, shared, **s.options))
+            continue
+        one = cls(dims, shared, **s.options) if cls.layer_shared(s.options) else None
+        for layer in built.layers:
+            layer.append(one or cls(dims, shared, **s.options))
+    return built
+
+
+def properties(spec: SpecLike, dims: Dims) -> dict[str, Any]:
+    """What ``posattn mechanisms`` reports for one mechanism, computed from the built modules."""
+    s = Spec.parse(spec)
+    built = build([s], dims)
+    mechs = built.input or list({id(m): m for layer in built.layers for m in layer}.values())
+    params = {id(p): p.numel() for m in mechs for p in m.parameters()}
+    first = mechs[0]
+    return {
+        "name": s.name,
+        "acts_on": list(first.acts_on),
+        "inductive": first.inductive,
+        "translation_invariant": first.translation_invariant,
+        "positional_params": sum(params.values()),
+        "paper": first.paper,
+        "equation": first.equation,
+    }
+
+
+__all__ = ["properties", "Built", "Context", "Dims", "Mechanism", "Spec", "build", "get", "names", "validate", "REGISTRY"]

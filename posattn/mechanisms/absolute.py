@@ -1,0 +1,64 @@
+"""Position embeddings added to the input: learned (BERT) and fixed sinusoids (Vaswani et al.).
+
+    x_i ← x_i + E_P[i]
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+from .base import Context, Dims, Mechanism, max_len_check
+from .registry import register
+
+
+@register("absolute")
+class Absolute(Mechanism):
+    """Learned E_P ∈ R^{max_len×d} (Devlin et al. 2019); not inductive beyond max_len."""
+
+    paper = "Devlin et al. 2019 (BERT); Vaswani et al. 2017"
+    equation = "x_i ← x_i + E_P[i], E_P learned"
+    placement = "input"
+    acts_on = ("input",)
+    inductive = False
+    translation_invariant = False
+    claims = frozenset({"input positions"})
+
+    def __init__(self, dims: Dims, shared: dict[str, nn.Module], max_len: int | None = None) -> None:
+        super().__init__(dims, shared)
+        self.max_len = max_len or dims.max_len
+        self.embedding = nn.Embedding(self.max_len, dims.d_model)
+        nn.init.normal_(self.embedding.weight, std=0.02)
+
+    def check(self, ctx: Context) -> None:
+        max_len_check(self, int(ctx.positions.max()) + 1, self.max_len)
+
+    def embed(self, x: Tensor, ctx: Context) -> Tensor:
+        return x + self.embedding(ctx.positions)
+
+
+def sinusoids(positions: Tensor, d: int, base: float = 10000.0) -> Tensor:
+    """Vaswani et al. 2017 §3.5: PE[p, 2i] = sin(p/base^{2i/d}), PE[p, 2i+1] = cos(·)."""
+    inv = torch.exp(-math.log(base) * torch.arange(0, d, 2, device=positions.device) / d)
+    ang = positions[..., None].float() * inv
+    return torch.stack([ang.sin(), ang.cos()], -1).flatten(-2)[..., :d]
+
+
+@register("sinusoidal")
+class Sinusoidal(Mechanism):
+    """Fixed sinusoids, defined at any position (inductive) but not translation invariant."""
+
+    paper = "Vaswani et al. 2017, §3.5"
+    equation = "x_i ← x_i + [sin(i/10000^{2k/d}), cos(i/10000^{2k/d})]_k"
+    placement = "input"
+    acts_on = ("input",)
+    translation_invariant = False
+    claims = frozenset({"input positions"})
+
+    def __init__(self, dims: Dims, shared: dict[str, nn.Module], base: float = 10000.0) -> None:
+        super().__init__(dims, shared)
+        self.base = base
+
+    def embed(self, x: Tensor, ctx: Context) -> Tensor:
+        return x + sinusoids(ctx.positions, x.shape[-1], self.base).to(x.dtype)

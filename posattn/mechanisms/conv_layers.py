@@ -1,0 +1,123 @@
+"""Convolutions inside the attention layer (Chang et al. 2021 §4-5; Li et al. 2024, CAT).
+
+- ``depthwise_conv`` (Chang Eq 7): a fixed depthwise convolution of the values added to the
+  attention output, o_i,c += Σ_r β_{r,c} v_{i+r,c}, r ∈ [−k, k] (r ≤ 0 in a decoder).
+- ``conv_qkv`` (Chang §5): in a fraction of the heads (default half), a depthwise-separable
+  convolution of the layer input (depthwise conv, then pointwise projection) replaces the
+  linear Q/K and/or V projection; kernel 9 as in ConvBERT (Jiang et al. 2020). The linear
+  projection's rows for those heads stay in the layer but receive no gradient.
+- ``cat`` (CAT; see shared/cat-paper.md): filters F_q, F_k, F_v convolved along the sequence
+  with Q, K, V: Q = F_q ∗ (XW_q), i.e. (F ∗ X)W for a filter shared by channels; causal in a
+  decoder, centered in an encoder; optional ℓ2 row-norm of Q and K with a learned temperature.
+  Filters start as the identity (a delta at r = 0).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+from ..errors import PositionError
+from .base import Context, Dims, Mechanism
+from .conv import channels_to_heads, depthwise_conv1d, heads_to_channels
+from .registry import register
+
+
+def taps(kernel_size: int, causal: bool, name: str) -> int:
+    """Filter length actually used: a causal filter keeps the present and the past half."""
+    if kernel_size < 1:
+        raise PositionError(f"{name}: kernel_size must be >= 1, got {kernel_size}")
+    if causal:
+        return kernel_size
+    if kernel_size % 2 == 0:
+        raise PositionError(f"{name}: an encoder needs an odd (centered) kernel_size, got {kernel_size}")
+    return kernel_size
+
+
+def check_targets(targets: str, allowed: str, name: str) -> str:
+    if not targets or any(t not in allowed for t in targets) or len(set(targets)) != len(targets):
+        raise PositionError(f"{name}: targets must be letters from {allowed!r}, got {targets!r}")
+    return targets
+
+
+@register("depthwise_conv")
+class DepthwiseConv(Mechanism):
+    paper = "Chang et al. 2021, Eq 7"
+    equation = "o_i,c += Σ_r β_{r,c} v_{i+r,c}"
+    acts_on = ("output",)
+
+    def __init__(self, dims: Dims, shared: dict[str, nn.Module], kernel_size: int = 17) -> None:
+        super().__init__(dims, shared)
+        k = taps(kernel_size, False, "depthwise_conv")
+        k = (k + 1) // 2 if dims.causal else k
+        self.weight = nn.Parameter(torch.randn(dims.d_model, k) * 0.02)
+
+    def transform_output(self, o: Tensor, v: Tensor, ctx: Context) -> Tensor:
+        conv = depthwise_conv1d(heads_to_channels(v), self.weight, ctx.causal, ctx.keep)
+        return o + channels_to_heads(conv, self.dims.n_heads)
+
+
+@register("conv_qkv")
+class ConvQKV(Mechanism):
+    paper = "Chang et al. 2021, §5 and Table 3"
+    equation = "q,k,v (a fraction of heads) ← pointwise(depthwise_conv(x))"
+
+    def __init__(self, dims: Dims, shared: dict[str, nn.Module], fraction: float = 0.5,
+                 targets: str = "qkv", kernel_size: int = 9) -> None:
+        super().__init__(dims, shared)
+        self.targets = check_targets(targets, "qkv", "conv_qkv")
+        self.acts_on = tuple(self.targets)
+        self.n_conv = round(fraction * dims.n_heads)
+        if not 0 < fraction <= 1 or self.n_conv < 1:
+            raise PositionError(f"conv_qkv: fraction {fraction} of {dims.n_heads} heads leaves no "
+                                f"convolutional head; use 0 < fraction <= 1 with enough heads")
+        k = taps(kernel_size, dims.causal, "conv_qkv")
+        width = self.n_conv * dims.head_dim
+        self.depthwise = nn.ParameterDict(
+            {t: nn.Parameter(torch.randn(dims.d_model, k) / math.sqrt(k)) for t in self.targets})
+        self.pointwise = nn.ModuleDict({t: nn.Linear(dims.d_model, width) for t in self.targets})
+
+    @classmethod
+    def validate(cls, options: dict, others: list[str], dims: Dims) -> None:
+        check_targets(options.get("targets", "qkv"), "qkv", "conv_qkv")
+
+    def transform_qkv(self, q: Tensor, k: Tensor, v: Tensor, ctx: Context) -> tuple[Tensor, Tensor, Tensor]:
+        assert ctx.x is not None
+        out = {"q": q, "k": k, "v": v}
+        c = self.n_conv
+        for t in self.targets:
+            conv = self.pointwise[t](depthwise_conv1d(ctx.x, self.depthwise[t], ctx.causal, ctx.keep))
+            out[t] = torch.cat([out[t][:, : -c], channels_to_heads(conv, c).to(q.dtype)], 1)
+        return out["q"], out["k"], out["v"]
+
+
+@register("cat")
+class CAT(Mechanism):
+    paper = "Li et al. 2024 (CAT), Fig 2 and Thm 1"
+    equation = "Q = F_q∗(XW_q), K = F_k∗(XW_k), V = F_v∗(XW_v)"
+
+    def __init__(self, dims: Dims, shared: dict[str, nn.Module], kernel_size: int = 3,
+                 depthwise: bool = False, targets: str = "qkv", qk_norm: bool = False) -> None:
+        super().__init__(dims, shared)
+        self.targets = check_targets(targets, "qkv", "cat")
+        self.acts_on = tuple(self.targets)
+        k = taps(kernel_size, dims.causal, "cat")
+        delta = torch.zeros(k)
+        delta[k - 1 if dims.causal else k // 2] = 1.0
+        shape = (dims.d_model, k) if depthwise else (k,)
+        self.filters = nn.ParameterDict({t: nn.Parameter(delta.expand(shape).clone()) for t in self.targets})
+        self.qk_norm = qk_norm
+        if qk_norm:
+            self.log_temperature = nn.Parameter(torch.full((dims.n_heads, 1, 1), math.log(dims.head_dim)))
+
+    def transform_qkv(self, q: Tensor, k: Tensor, v: Tensor, ctx: Context) -> tuple[Tensor, Tensor, Tensor]:
+        out = {"q": q, "k": k, "v": v}
+        h = self.dims.n_heads
+        for t in self.targets:
+            conv = depthwise_conv1d(heads_to_channels(out[t]), self.filters[t], ctx.causal, ctx.keep)
+            out[t] = channels_to_heads(conv, h)
+        if self.qk_norm:
+            out["q"] = nn.functional.normalize(out["q"], dim=-1) * self.log_temperature.exp()
+            out["k"] = nn.functional.normalize(out["k"], dim=-1)
+        return out["q"], out["k"], out["v"]

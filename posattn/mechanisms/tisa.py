@@ -1,0 +1,68 @@
+"""Translation-invariant self-attention, TISA (Wennberg & Henter 2021, Eq 4-5).
+
+    s_ij += f_θ(j − i),   f_θ(r) = Σ_{s=1}^{S} a_s exp(−|b_s| (r − c_s)²)       (Eq 5)
+
+one f per head and layer (3·S·H·L positional parameters, Table 2). The function is
+tabulated once per forward over the offsets of the input (never evaluated per score).
+
+Modes (Eq 4): ``replace`` (TISA alone, no position embedding at the input: case b) and
+``supplement`` (F_P added on top of input position embeddings: case a), which therefore
+requires an input position mechanism (``absolute`` or ``sinusoidal``) in the same model.
+Initialisation (ours; the paper initialises from a pretrained model, see posattn.analysis):
+a ~ N(0, 0.5²), |b| = 0.5, centres c spread over −(S−1)/2 … (S−1)/2.
+"""
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from torch import Tensor, nn
+
+from ..attention.terms import Term, Toeplitz
+from ..errors import PositionError
+from .base import Context, Dims, Mechanism, offsets
+from .registry import REGISTRY, register
+
+
+def tisa_function(r: Tensor, a: Tensor, b: Tensor, c: Tensor) -> Tensor:
+    """f(r) for offsets r [m] and kernel parameters [h, S] -> [h, m] (TISA Eq 5)."""
+    d = r.to(a.dtype)[None, None, :] - c[..., None]
+    return (a[..., None] * torch.exp(-b.abs()[..., None] * d * d)).sum(-2)
+
+
+@register("tisa")
+class TISA(Mechanism):
+    paper = "Wennberg & Henter 2021 (TISA), Eq 4-5"
+    equation = "s_ij += Σ_s a_s exp(−|b_s|(j−i−c_s)²)"
+    acts_on = ("score",)
+
+    def __init__(self, dims: Dims, shared: dict[str, nn.Module], n_kernels: int = 5,
+                 mode: Literal["replace", "supplement"] = "replace") -> None:
+        super().__init__(dims, shared)
+        if n_kernels < 1:
+            raise PositionError(f"tisa: n_kernels must be >= 1, got {n_kernels}")
+        self.mode = mode
+        h, s = dims.n_heads, n_kernels
+        self.a = nn.Parameter(torch.randn(h, s) * 0.5)
+        self.b = nn.Parameter(torch.full((h, s), 0.5))
+        self.c = nn.Parameter(torch.linspace(-(s - 1) / 2, (s - 1) / 2, s).repeat(h, 1))
+
+    @classmethod
+    def validate(cls, options: dict, others: list[str], dims: Dims) -> None:
+        mode = options.get("mode", "replace")
+        if mode not in ("replace", "supplement"):
+            raise PositionError(f"tisa: unknown mode {mode!r}; valid: replace, supplement")
+        inputs = [o for o in others if "input positions" in REGISTRY[o].claims]
+        if mode == "replace" and inputs:
+            raise PositionError(f"tisa: mode='replace' takes the place of input position embeddings, "
+                                f"but {inputs[0]!r} is also present; use mode='supplement' or drop it")
+        if mode == "supplement" and not inputs:
+            raise PositionError("tisa: mode='supplement' adds to input position embeddings; "
+                                "add 'absolute' or 'sinusoidal', or use mode='replace'")
+
+    def table(self, n: int) -> Tensor:
+        """[h, 2n−1]: f_θ at every offset −(n−1) … n−1."""
+        return tisa_function(offsets(n, self.a.device), self.a, self.b, self.c)
+
+    def score_terms(self, q: Tensor, k: Tensor, ctx: Context) -> list[Term]:
+        return [Toeplitz(self.table(ctx.n).to(q.dtype))]

@@ -1,0 +1,68 @@
+"""TUPE, untied positional encoding (Ke et al. 2021; DIET Table 2).
+
+    s_ij = q_i·k_j / √(2d_h) + (p_i U_Q)(p_j U_K)ᵀ / √(2d_h) [+ b_{j−i}]
+
+p ∈ R^{max_len×d} is one learned position embedding shared by all layers (never added to the
+input); U_Q, U_K are per-layer projections split by head. ``untie_cls``: the [CLS] (first)
+token's position terms are replaced by learned scalars, θ1 for its row (CLS → all) and θ2 for
+its column (others → CLS), per head (on by default in encoders). ``relative_bias``: TUPE-R,
+adds a T5 bucket bias. Low rank: untying adds two dimensions, u_i = [p_iU_Q·1{i>0}, 1{i=0},
+1{i>0}], v_j = [p_jU_K·1{j>0}, θ1, θ2·1{j=0}].
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+from ..attention.terms import LowRank, Term
+from .base import Context, Dims, Mechanism, max_len_check
+from .registry import register
+from .t5 import T5Bias
+
+
+@register("tupe")
+class TUPE(Mechanism):
+    paper = "Ke et al. 2021 (TUPE); Chen et al. 2021 (DIET) Table 2"
+    equation = "s_ij = q_i·k_j/√(2d_h) + (p_iU_Q)(p_jU_K)ᵀ/√(2d_h)"
+    acts_on = ("q", "score")
+    inductive = False
+    translation_invariant = False
+
+    def __init__(self, dims: Dims, shared: dict[str, nn.Module], untie_cls: bool | None = None,
+                 relative_bias: bool = False) -> None:
+        super().__init__(dims, shared)
+        if "tupe.positions" not in shared:
+            shared["tupe.positions"] = nn.Embedding(dims.max_len, dims.d_model)
+            nn.init.normal_(shared["tupe.positions"].weight, std=0.02)
+        self.positions = shared["tupe.positions"]
+        self.u_q = nn.Linear(dims.d_model, dims.d_model, bias=False)
+        self.u_k = nn.Linear(dims.d_model, dims.d_model, bias=False)
+        self.untie_cls = (not dims.causal) if untie_cls is None else untie_cls
+        if self.untie_cls:
+            self.theta = nn.Parameter(torch.zeros(2, dims.n_heads))
+        self.relative = T5Bias(dims, shared, bidirectional=not dims.causal) if relative_bias else None
+
+    def check(self, ctx: Context) -> None:
+        max_len_check(self, ctx.n, self.positions.num_embeddings)
+
+    def transform_qkv(self, q: Tensor, k: Tensor, v: Tensor, ctx: Context) -> tuple[Tensor, Tensor, Tensor]:
+        return q / math.sqrt(2.0), k, v
+
+    def score_terms(self, q: Tensor, k: Tensor, ctx: Context) -> list[Term]:
+        n, h = ctx.n, self.dims.n_heads
+        p = self.positions(torch.arange(n, device=q.device))
+        u = self.u_q(p).view(n, h, -1).transpose(0, 1) / math.sqrt(2.0 * self.dims.head_dim)
+        v = self.u_k(p).view(n, h, -1).transpose(0, 1)
+        if self.untie_cls:
+            first = torch.zeros(n, 1, device=q.device, dtype=u.dtype)
+            first[0] = 1.0
+            rest = 1.0 - first
+            u = torch.cat([u * rest, first.expand(h, n, 1), rest.expand(h, n, 1)], -1)
+            v = torch.cat([v * rest, self.theta[0][:, None, None].expand(h, n, 1),
+                           self.theta[1][:, None, None] * first], -1)
+        terms: list[Term] = [LowRank(u=u[None].to(q.dtype), v=v[None].to(q.dtype))]
+        if self.relative is not None:
+            terms += self.relative.score_terms(q, k, ctx)
+        return terms

@@ -1,0 +1,192 @@
+"""Pre-LN transformer models built from a :class:`ModelConfig`.
+
+- :class:`Encoder`: bidirectional; token + optional segment ids, padding mask, an MLM head
+  with tied embeddings (BERT's transform + decoder) and a sequence-classification head.
+- :class:`Decoder`: causal; an LM head with tied embeddings.
+Position enters only through the configured mechanisms (:mod:`posattn.mechanisms`).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..attention.layer import Attention
+from ..errors import PositionError
+from ..mechanisms import Context, Dims, Mechanism, build
+from .config import ModelConfig
+
+
+class Block(nn.Module):
+    """x + Attn(LN(x)), then x + MLP(LN(x)) when d_ff > 0."""
+
+    def __init__(self, cfg: ModelConfig, dims: Dims, mechanisms: list[Mechanism]) -> None:
+        super().__init__()
+        self.ln1 = nn.LayerNorm(cfg.d_model)
+        self.attn = Attention(dims, mechanisms, cfg.attn_path, cfg.dropout, cfg.bias)
+        self.mlp: nn.Module | None = None
+        if cfg.d_ff:
+            self.ln2 = nn.LayerNorm(cfg.d_model)
+            self.mlp = nn.Sequential(nn.Linear(cfg.d_model, cfg.d_ff, bias=cfg.bias), nn.GELU(),
+                                     nn.Linear(cfg.d_ff, cfg.d_model, bias=cfg.bias), nn.Dropout(cfg.dropout))
+        self.drop = nn.Dropout(cfg.dropout)
+
+    def forward(self, x: Tensor, ctx: Context) -> Tensor:
+        x = x + self.drop(self.attn(self.ln1(x), ctx))
+        if self.mlp is not None:
+            x = x + self.mlp(self.ln2(x))
+        return x
+
+
+class Transformer(nn.Module):
+    """Shared backbone: embeddings, input mechanisms, blocks, final norm."""
+
+    causal: bool = False
+    kind: str = ""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.dims = Dims(cfg.d_model, cfg.n_heads, cfg.n_layers, cfg.max_len, cfg.n_segments, self.causal)
+        built = build(cfg.mechanisms, self.dims)
+        self.tokens = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        nn.init.normal_(self.tokens.weight, std=0.02)
+        self.input_mechanisms = nn.ModuleList(built.input)
+        self.blocks = nn.ModuleList(Block(cfg, self.dims, mechs) for mechs in built.layers)
+        self.norm = nn.LayerNorm(cfg.d_model)
+        self.drop = nn.Dropout(cfg.dropout)
+
+    def mechanisms(self) -> list[Mechanism]:
+        """Every distinct mechanism instance (input-level and per layer)."""
+        seen: dict[int, Mechanism] = {}
+        for m in self.modules():
+            if isinstance(m, Mechanism) and id(m) not in seen and m.name:
+                seen[id(m)] = m
+        return list(seen.values())
+
+    def context(self, input_ids: Tensor, segment_ids: Tensor | None, attention_mask: Tensor | None,
+                positions: Tensor | None) -> Context:
+        """Validate the inputs and build the shared per-forward context."""
+        if not isinstance(input_ids, Tensor) or input_ids.dim() != 2 or input_ids.dtype != torch.long:
+            raise PositionError("input_ids must be a LongTensor of shape [batch, length]")
+        b, n = input_ids.shape
+        if n == 0:
+            raise PositionError("input_ids has length 0")
+        lo, hi = int(input_ids.min()), int(input_ids.max())
+        if lo < 0 or hi >= self.cfg.vocab_size:
+            raise PositionError(f"token id {hi if hi >= self.cfg.vocab_size else lo} outside the "
+                                f"vocabulary [0, {self.cfg.vocab_size})")
+        keep = None
+        if attention_mask is not None:
+            if attention_mask.shape != (b, n):
+                raise PositionError(f"attention_mask has shape {tuple(attention_mask.shape)}, "
+                                    f"expected {(b, n)}")
+            keep = attention_mask.bool()
+            keep = None if bool(keep.all()) else keep
+        if segment_ids is None:
+            segment_ids = torch.zeros_like(input_ids)
+        elif segment_ids.shape != (b, n) or segment_ids.dtype != torch.long or int(segment_ids.min()) < 0:
+            raise PositionError(f"segment_ids must be a non-negative LongTensor of shape {(b, n)}")
+        if positions is None:
+            positions = torch.arange(n, device=input_ids.device).expand(b, n)
+        elif positions.shape != (b, n):
+            raise PositionError(f"positions has shape {tuple(positions.shape)}, expected {(b, n)}")
+        ctx = Context(positions=positions, segments=segment_ids, keep=keep, causal=self.causal)
+        for m in self.mechanisms():
+            m.check(ctx)
+        return ctx
+
+    def embed(self, input_ids: Tensor, ctx: Context) -> Tensor:
+        x = self.tokens(input_ids)
+        for m in self.input_mechanisms:
+            x = m.embed(x, ctx)
+        return self.drop(x)
+
+    def hidden(self, input_ids: Tensor, segment_ids: Tensor | None = None,
+               attention_mask: Tensor | None = None, positions: Tensor | None = None) -> Tensor:
+        """Final hidden states [b, n, d_model]."""
+        ctx = self.context(input_ids, segment_ids, attention_mask, positions)
+        x = self.embed(input_ids, ctx)
+        for block in self.blocks:
+            x = block(x, ctx)
+        return self.norm(x)
+
+    @torch.no_grad()
+    def score_matrices(self, input_ids: Tensor, segment_ids: Tensor | None = None,
+                       attention_mask: Tensor | None = None) -> list[Tensor]:
+        """Pre-softmax attention scores [b, h, n, n] of every layer, position terms included."""
+        ctx = self.context(input_ids, segment_ids, attention_mask, None)
+        x = self.embed(input_ids, ctx)
+        out = []
+        for block in self.blocks:
+            out.append(block.attn.scores(block.ln1(x), ctx))
+            x = block(x, ctx)
+        return out
+
+    def logits(self, h: Tensor) -> Tensor:
+        return F.linear(h, self.tokens.weight) if self.cfg.tie_embeddings else self.head(h)
+
+    def config_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, **self.cfg.to_dict()}
+
+
+class Decoder(Transformer):
+    """Causal language model: ``Decoder(cfg)(input_ids) -> logits [b, n, vocab]``."""
+
+    causal = True
+    kind = "decoder"
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__(cfg)
+        if not cfg.tie_embeddings:
+            self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None,
+                positions: Tensor | None = None) -> Tensor:
+        return self.logits(self.hidden(input_ids, None, attention_mask, positions))
+
+
+class Encoder(Transformer):
+    """Bidirectional encoder: ``Encoder(cfg)(input_ids, segment_ids, attention_mask) -> hidden``."""
+
+    causal = False
+    kind = "encoder"
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__(cfg)
+        d = cfg.d_model
+        self.mlm_transform = nn.Sequential(nn.Linear(d, d), nn.GELU(), nn.LayerNorm(d))
+        self.mlm_bias = nn.Parameter(torch.zeros(cfg.vocab_size))
+        if not cfg.tie_embeddings:
+            self.head = nn.Linear(d, cfg.vocab_size, bias=False)
+        if cfg.n_classes:
+            self.pooler = nn.Sequential(nn.Linear(d, d), nn.Tanh())
+            self.classifier = nn.Linear(d, cfg.n_classes)
+
+    def forward(self, input_ids: Tensor, segment_ids: Tensor | None = None,
+                attention_mask: Tensor | None = None, positions: Tensor | None = None) -> Tensor:
+        return self.hidden(input_ids, segment_ids, attention_mask, positions)
+
+    def mlm_logits(self, h: Tensor) -> Tensor:
+        """Masked-LM logits [b, n, vocab] (BERT head, decoder tied to the token embeddings)."""
+        return self.logits(self.mlm_transform(h)) + self.mlm_bias
+
+    def classify(self, h: Tensor, attention_mask: Tensor | None = None) -> Tensor:
+        """Sequence logits [b, n_classes] from the first token (BERT's [CLS] pooling)."""
+        if not self.cfg.n_classes:
+            raise PositionError("classify: this encoder was built with n_classes = 0")
+        return self.classifier(self.pooler(h[:, 0]))
+
+
+MODEL_KINDS: dict[str, type[Transformer]] = {"encoder": Encoder, "decoder": Decoder}
+
+
+def build_model(data: dict[str, Any]) -> Transformer:
+    """Build from a dict (e.g. loaded YAML): ``{"kind": "encoder"|"decoder", **ModelConfig}``."""
+    data = dict(data)
+    kind = data.pop("kind", None)
+    if kind not in MODEL_KINDS:
+        raise PositionError(f"model kind must be one of {', '.join(MODEL_KINDS)}, got {kind!r}")
+    return MODEL_KINDS[kind](ModelConfig.from_dict(data))

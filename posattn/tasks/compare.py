@@ -1,0 +1,460 @@
+"""``posattn compare``: train mechanisms side by side on a synthetic task and write a report.
+
+A sweep is a YAML config (schema in :data:`SCHEMA`). Every combination of model entry, depth,
+width, training length, learning rate and seed is one *cell*; a cell trains one model, evaluates
+it at every test length and writes ``cells/<id>/result.json`` and its model. Finished cells are
+never re-run, so an interrupted sweep resumes where it stopped. When all cells are done the
+folder gets ``results.json``, ``report.md`` and PNG plots.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import multiprocessing
+import os
+import statistics
+import time
+from dataclasses import asdict, dataclass, fields, replace
+from importlib import resources
+from itertools import product
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+from tqdm.auto import tqdm
+
+from posattn.errors import PositionError
+from posattn.tasks.generators import TASK_PARAMS, TASKS, TaskError, drop_overlap, generate
+from posattn.tasks.train import CHECKPOINT, TrainConfig, evaluate, resolve_device, train
+
+DEFAULT_CONFIG = "default"
+MODEL_DEFAULTS: dict[str, Any] = {"n_heads": 2, "d_ff": 0, "max_len": None, "dropout": 0.0, "attn_path": "fast"}
+MODEL_ENTRY_KEYS = ("mechanisms", "layers", "label", *MODEL_DEFAULTS)
+EXAMPLE_DEFAULTS = {"train": 20000, "valid": 500, "test": 500}
+TOP_KEYS = ("name", "task", "task_params", "vocab_size", "train_length", "test_lengths", "test_multipliers",
+            "examples", "data_seed", "seeds", "d_model", "models", "training", *MODEL_DEFAULTS)
+TRAINING_KEYS = tuple(f.name for f in fields(TrainConfig) if f.name != "seed")
+EVAL_SCORE_BUDGET = 2 ** 25   # batch · length² kept under this at evaluation (attention matrices)
+EVAL_LOGIT_BUDGET = 2 ** 26   # batch · length · vocab kept under this at evaluation (logits)
+
+SCHEMA = """\
+Config schema (YAML; every key but `models` has a default):
+  name: str                  sweep name; default output folder runs/compare-<name>
+  task: str                  one of {tasks}
+  task_params: {{...}}         options of the task (defaults):
+{task_params}
+                             kv_density: float  (recall tasks) num_kv_pairs = round(density * train_length)
+  vocab_size: int            64
+  train_length: int | [int]  64; each training length is its own set of cells
+  test_lengths: [int]        absolute test lengths, or instead
+  test_multipliers: [num]    test lengths as multiples of the training length ([1, 2, 4, 8])
+  examples: {{train: 20000, valid: 500, test: 500}}   valid: early stopping; test: per test length
+  data_seed: int             0; seeds the data (train/valid/test come from disjoint streams)
+  seeds: [int]               [0]; model initialisation and batch order
+  d_model: int | [int]       64; widths to sweep
+  n_heads: 2   d_ff: 0 (no MLP)   max_len: null (= longest test length)   dropout: 0.0
+  attn_path: fast | reference
+  models:                    list of model entries, each
+    - mechanisms: [name or {{name: ..., option: value}}]   valid names: {mechanisms}
+      layers: int | [int]    depth(s), default 2
+      label: str             optional row name (default: mechanism names and depth)
+      n_heads/d_ff/max_len/dropout/attn_path: per-model overrides
+  training:                  {training}
+    lr may be a list: each value is a cell and the report keeps, per model, the one with
+    the best validation accuracy. warmup < 1 is a fraction of steps. Training stops early
+    once validation accuracy reaches target_accuracy.
+Accuracy is the fraction of scored tokens (query answers, copied tokens) predicted exactly.
+A model that cannot run a test length (e.g. `absolute` beyond max_len) gets null there,
+with the reason in the report."""
+
+
+class ConfigError(PositionError):
+    """A compare config is invalid; the message lists every problem found."""
+
+
+def mechanism_names() -> list[str]:
+    """Names of the registered position mechanisms."""
+    from posattn.mechanisms import registry
+
+    return registry.names()
+
+
+def schema_text() -> str:
+    """:data:`SCHEMA` filled in with the valid tasks, task options, mechanisms and training keys."""
+    try:
+        mechanisms = ", ".join(mechanism_names())
+    except ImportError:
+        mechanisms = "(posattn.mechanisms is not importable)"
+    task_lines = "\n".join(f"{'':29}{task}: {', '.join(f'{k}={v}' for k, v in params.items())}"
+                           for task, params in TASK_PARAMS.items())
+    training = ", ".join(f"{k}={v}" for k, v in asdict(TrainConfig()).items() if k != "seed")
+    return SCHEMA.format(tasks=", ".join(TASKS), task_params=task_lines, mechanisms=mechanisms, training=training)
+
+
+def builtin_configs() -> list[str]:
+    """Names of the configs shipped in ``posattn/tasks/configs``."""
+    folder = resources.files("posattn.tasks") / "configs"
+    return sorted(p.name[:-5] for p in folder.iterdir() if p.name.endswith(".yaml"))
+
+
+def load_config(source: str | Path | dict | None = None) -> dict[str, Any]:
+    """A raw config from a YAML path, a built-in name (see :func:`builtin_configs`), a dict or ``None`` (default)."""
+    if isinstance(source, dict):
+        return dict(source)
+    name = DEFAULT_CONFIG if source is None else str(source)
+    path = Path(name)
+    if path.is_file():
+        text, stem = path.read_text(), path.stem
+    elif name.removesuffix(".yaml") in builtin_configs():
+        stem = name.removesuffix(".yaml")
+        text = (resources.files("posattn.tasks") / "configs" / f"{stem}.yaml").read_text()
+    else:
+        raise ConfigError(f"config {name!r} is neither a file nor a built-in config; "
+                          f"built-in configs: {', '.join(builtin_configs())}")
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ConfigError(f"config {name}: not valid YAML: {e}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"config {name}: the top level must be a mapping of keys ({', '.join(TOP_KEYS)})")
+    raw.setdefault("name", stem)
+    return raw
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One trained model of a sweep: everything that determines its result."""
+
+    task: str
+    task_params: dict[str, Any]
+    vocab_size: int
+    train_length: int
+    examples: dict[str, int]
+    data_seed: int
+    label: str
+    mechanisms: list[Any]
+    layers: int
+    d_model: int
+    n_heads: int
+    d_ff: int
+    max_len: int
+    dropout: float
+    attn_path: str
+    training: dict[str, Any]
+
+    @property
+    def id(self) -> str:
+        """Stable short hash of the cell's settings (the folder name of its outputs)."""
+        return hashlib.sha1(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:12]
+
+    def model_config(self) -> dict[str, Any]:
+        """The ``build_model`` dict of this cell's decoder."""
+        return {"kind": "decoder", "vocab_size": self.vocab_size, "d_model": self.d_model, "n_layers": self.layers,
+                "n_heads": self.n_heads, "d_ff": self.d_ff, "max_len": self.max_len, "mechanisms": self.mechanisms,
+                "dropout": self.dropout, "attn_path": self.attn_path}
+
+    def data(self, split: str, length: int, n: int) -> Any:
+        return generate(self.task, n, length, self.vocab_size, self.data_seed, split, **self.task_params)
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """A validated config: the normalized settings and the cells they expand to."""
+
+    name: str
+    config: dict[str, Any]
+    cells: list[Cell]
+    test_lengths: dict[int, list[int]]
+
+
+def _as_list(value: Any) -> list[Any]:
+    return list(value) if isinstance(value, (list, tuple)) else [value]
+
+
+def _is_int(value: Any, low: int = 1) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= low
+
+
+def _label(mechanisms: list[Any], layers: int, label: str | None, several_depths: bool) -> str:
+    names = "+".join(m if isinstance(m, str) else str(m.get("name")) for m in mechanisms)
+    if label is None:
+        return f"{names} ({layers}L)"
+    return f"{label} ({layers}L)" if several_depths else label
+
+
+def _task_params(task: str, params: dict[str, Any], train_length: int) -> dict[str, Any]:
+    params = dict(params)
+    density = params.pop("kv_density", None)
+    if density is not None:
+        params["num_kv_pairs"] = max(1, round(density * train_length))
+    return params
+
+
+def validate_config(raw: dict[str, Any]) -> Sweep:
+    """Check a raw config and expand it into cells; raise one :class:`ConfigError` listing every problem."""
+    errors: list[str] = []
+    unknown = sorted(set(raw) - set(TOP_KEYS))
+    if unknown:
+        errors.append(f"unknown key(s) {', '.join(unknown)}; valid keys: {', '.join(TOP_KEYS)}")
+    task = raw.get("task", "mqar")
+    if task not in TASKS:
+        errors.append(f"task {task!r} is not one of: {', '.join(TASKS)}")
+        task = "mqar"
+    task_params = raw.get("task_params") or {}
+    valid_params = [*TASK_PARAMS[task], *(["kv_density"] if task != "selective_copy" else [])]
+    if not isinstance(task_params, dict) or set(task_params) - set(valid_params):
+        errors.append(f"task_params for {task} must be a mapping with keys from: {', '.join(valid_params)}; "
+                      f"got {task_params!r}")
+        task_params = {}
+    if "kv_density" in task_params and "num_kv_pairs" in task_params:
+        errors.append("task_params: give num_kv_pairs or kv_density, not both")
+    vocab = raw.get("vocab_size", 64)
+    if not _is_int(vocab, 3):
+        errors.append(f"vocab_size must be an integer >= 3, got {vocab!r}")
+        vocab = 64
+    train_lengths = _as_list(raw.get("train_length", 64))
+    if not all(_is_int(n, 2) for n in train_lengths):
+        errors.append(f"train_length must be an integer >= 2 or a list of them, got {raw.get('train_length')!r}")
+        train_lengths = [64]
+    if ("test_lengths" in raw) == ("test_multipliers" in raw):
+        if "test_lengths" in raw:
+            errors.append("give test_lengths or test_multipliers, not both")
+        raw = {**raw, "test_multipliers": [1, 2, 4, 8]}
+    if "test_lengths" in raw:
+        lengths = _as_list(raw["test_lengths"])
+        if not lengths or not all(_is_int(n, 2) for n in lengths):
+            errors.append(f"test_lengths must be a non-empty list of integers >= 2, got {raw['test_lengths']!r}")
+            lengths = train_lengths[:1]
+        test_lengths = {n: sorted(set(lengths)) for n in train_lengths}
+    else:
+        mults = _as_list(raw["test_multipliers"])
+        if not mults or not all(isinstance(m, (int, float)) and not isinstance(m, bool) and m > 0 for m in mults):
+            errors.append(f"test_multipliers must be a non-empty list of positive numbers, got {mults!r}")
+            mults = [1]
+        test_lengths = {n: sorted({max(2, round(m * n)) for m in mults}) for n in train_lengths}
+    examples = {**EXAMPLE_DEFAULTS, **(raw.get("examples") or {})}
+    if set(examples) != set(EXAMPLE_DEFAULTS) or not all(_is_int(v) for v in examples.values()):
+        errors.append(f"examples must map train/valid/test to positive integers, got {raw.get('examples')!r}")
+        examples = dict(EXAMPLE_DEFAULTS)
+    data_seed = raw.get("data_seed", 0)
+    seeds = _as_list(raw.get("seeds", [0]))
+    if not _is_int(data_seed, 0) or not seeds or not all(_is_int(s, 0) for s in seeds):
+        errors.append(f"data_seed and seeds must be integers >= 0, got {data_seed!r} and {raw.get('seeds')!r}")
+        data_seed, seeds = 0, [0]
+    widths = _as_list(raw.get("d_model", 64))
+    if not all(_is_int(d) for d in widths):
+        errors.append(f"d_model must be a positive integer or a list of them, got {raw.get('d_model')!r}")
+        widths = [64]
+
+    training = dict(raw.get("training") or {})
+    bad = sorted(set(training) - set(TRAINING_KEYS))
+    if bad:
+        errors.append(f"training: unknown key(s) {', '.join(bad)}; valid keys: {', '.join(TRAINING_KEYS)}")
+        training = {k: v for k, v in training.items() if k in TRAINING_KEYS}
+    lrs = _as_list(training.pop("lr", TrainConfig.lr))
+    try:
+        base = TrainConfig(**training)
+        for v, key in ((base.steps, "steps"), (base.batch_size, "batch_size"), (base.eval_every, "eval_every")):
+            if not _is_int(v):
+                raise TypeError(f"{key} must be a positive integer, got {v!r}")
+        if not all(isinstance(lr, (int, float)) and lr > 0 for lr in lrs):
+            raise TypeError(f"lr must be a positive number or a list of them, got {lrs!r}")
+    except TypeError as e:
+        errors.append(f"training: {e}")
+        base = TrainConfig()
+
+    model_defaults = {k: raw.get(k, v) for k, v in MODEL_DEFAULTS.items()}
+    entries = raw.get("models")
+    if not isinstance(entries, list) or not entries:
+        errors.append("models must be a non-empty list of entries like {mechanisms: [rope], layers: 2}")
+        entries = []
+    try:
+        valid_names = mechanism_names()
+    except ImportError as e:
+        raise ConfigError(f"cannot import posattn.mechanisms: {e}") from None
+    longest = max(max(v) for v in test_lengths.values())
+    specs: list[dict[str, Any]] = []
+    for i, entry in enumerate(entries):
+        where = f"models[{i}]"
+        if not isinstance(entry, dict) or "mechanisms" not in entry:
+            errors.append(f"{where}: must be a mapping with a 'mechanisms' list, got {entry!r}")
+            continue
+        bad = sorted(set(entry) - set(MODEL_ENTRY_KEYS))
+        if bad:
+            errors.append(f"{where}: unknown key(s) {', '.join(bad)}; valid keys: {', '.join(MODEL_ENTRY_KEYS)}")
+        mechanisms = _as_list(entry["mechanisms"])
+        names = [m if isinstance(m, str) else m.get("name") if isinstance(m, dict) else None for m in mechanisms]
+        wrong = [repr(n) for n in names if n not in valid_names]
+        if wrong:
+            errors.append(f"{where}: unknown mechanism(s) {', '.join(wrong)}; valid mechanisms: {', '.join(valid_names)}")
+            continue
+        depths = _as_list(entry.get("layers", 2))
+        if not all(_is_int(d) for d in depths):
+            errors.append(f"{where}: layers must be a positive integer or a list of them, got {entry.get('layers')!r}")
+            continue
+        settings = {k: entry.get(k, model_defaults[k]) for k in MODEL_DEFAULTS}
+        settings["max_len"] = settings["max_len"] or longest
+        if settings["max_len"] < max(train_lengths):
+            errors.append(f"{where}: max_len {settings['max_len']} is shorter than the training length {max(train_lengths)}")
+            continue
+        for depth in depths:
+            specs.append({"where": where, "label": _label(mechanisms, depth, entry.get("label"), len(depths) > 1),
+                          "mechanisms": mechanisms, "layers": depth, **settings})
+    labels = [s["label"] for s in specs]
+    dupes = sorted({lab for lab in labels if labels.count(lab) > 1})
+    if dupes:
+        errors.append(f"models: duplicate row label(s) {', '.join(dupes)}; give the entries distinct labels")
+
+    for n in train_lengths:
+        params = _task_params(task, task_params, n)
+        for length in test_lengths[n]:
+            try:
+                generate(task, 1, length, vocab, data_seed, "test", **params)
+            except TaskError as e:
+                errors.append(f"task {task} at length {length} (training length {n}): {e}")
+    errors.extend(_check_models(specs, widths, vocab))
+    if errors:
+        raise ConfigError("invalid compare config:\n  - " + "\n  - ".join(errors))
+
+    cells = [Cell(task=task, task_params=_task_params(task, task_params, n), vocab_size=vocab, train_length=n,
+                  examples=examples, data_seed=data_seed, label=s["label"], mechanisms=s["mechanisms"],
+                  layers=s["layers"], d_model=d, **{k: s[k] for k in MODEL_DEFAULTS},
+                  training=asdict(replace(base, lr=float(lr), seed=seed)))
+             for n, d, s, lr, seed in product(train_lengths, widths, specs, lrs, seeds)]
+    config = {"name": str(raw.get("name", DEFAULT_CONFIG)), "task": task, "task_params": task_params,
+              "vocab_size": vocab, "train_length": train_lengths, "test_lengths": {str(k): v for k, v in test_lengths.items()},
+              "examples": examples, "data_seed": data_seed, "seeds": seeds, "d_model": widths,
+              "models": [{k: v for k, v in s.items() if k != "where"} for s in specs],
+              "training": {**asdict(base), "lr": lrs}}
+    config["training"].pop("seed")
+    return Sweep(name=config["name"], config=config, cells=cells, test_lengths=test_lengths)
+
+
+def _check_models(specs: list[dict[str, Any]], widths: list[int], vocab: int) -> list[str]:
+    """Build every (model entry, width) once so that bad options fail now, not mid-sweep."""
+    from posattn.models import build_model
+
+    errors = []
+    for s, d in product(specs, widths):
+        cfg = {"kind": "decoder", "vocab_size": vocab, "d_model": d, "n_layers": s["layers"],
+               **{k: s[k] for k in MODEL_DEFAULTS}, "mechanisms": s["mechanisms"]}
+        try:
+            build_model(cfg)
+        except (ValueError, TypeError, KeyError) as e:
+            errors.append(f"{s['where']} ({s['label']}, d_model={d}): {e}")
+    return errors
+
+
+def _eval_batch(length: int, vocab: int, cap: int) -> int:
+    return max(1, min(cap, EVAL_SCORE_BUDGET // length ** 2, EVAL_LOGIT_BUDGET // (length * vocab)))
+
+
+def _write_json(path: Path, obj: Any) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(obj, indent=1))
+    os.replace(tmp, path)
+
+
+def run_cell(cell: Cell, test_lengths: list[int], out: Path, device: str = "auto", progress: bool = True) -> dict:
+    """Train (or resume) one cell, evaluate the test lengths it lacks, and return its result record."""
+    from posattn.models import build_model, load, save
+
+    folder = out / "cells" / cell.id
+    result_path, model_dir = folder / "result.json", folder / "model"
+    folder.mkdir(parents=True, exist_ok=True)
+    result = json.loads(result_path.read_text()) if result_path.exists() else None
+    missing = [n for n in test_lengths if result is None or str(n) not in result["accuracy"]]
+    if not missing:
+        return result
+    tcfg = TrainConfig(**cell.training)
+    train_data = cell.data("train", cell.train_length, cell.examples["train"])
+    if result is None:
+        torch.manual_seed(tcfg.seed)
+        model = build_model(cell.model_config())
+        start = time.perf_counter()
+        try:
+            outcome = train(model, train_data, tcfg,
+                            valid=cell.data("valid", cell.train_length, cell.examples["valid"]),
+                            checkpoint_dir=folder, device=device, progress=progress,
+                            description=f"{cell.label} d={cell.d_model} L={cell.train_length} lr={tcfg.lr:g}")
+        except FloatingPointError as e:
+            outcome, diverged = None, str(e)
+        result = {"id": cell.id, "task": cell.task, "task_params": cell.task_params, "vocab_size": cell.vocab_size,
+                  "label": cell.label, "mechanisms": cell.mechanisms, "layers": cell.layers, "d_model": cell.d_model,
+                  "n_heads": cell.n_heads, "d_ff": cell.d_ff, "max_len": cell.max_len,
+                  "train_length": cell.train_length, "lr": tcfg.lr, "seed": tcfg.seed,
+                  "parameters": sum(p.numel() for p in model.parameters()),
+                  "steps": outcome.steps if outcome else None,
+                  "stopped_early": outcome.stopped_early if outcome else False,
+                  "valid_accuracy": outcome.valid_accuracy if outcome else None,
+                  "train_seconds": round(time.perf_counter() - start, 2),
+                  "history": outcome.history if outcome else [],
+                  "accuracy": {}, "not_applicable": {}, "test_examples": {}}
+        if outcome is None:
+            result["diverged"] = diverged
+        save(model, model_dir)
+    else:
+        model = load(model_dir)
+    model.to(resolve_device(device))
+    for n in missing:
+        if "diverged" in result:
+            result["accuracy"][str(n)], result["not_applicable"][str(n)] = None, f"training diverged: {result['diverged']}"
+            continue
+        test = drop_overlap(cell.data("test", n, cell.examples["test"]), train_data)
+        result["test_examples"][str(n)] = len(test)
+        try:
+            acc = evaluate(model, test, _eval_batch(n, cell.vocab_size, tcfg.eval_batch_size))
+        except PositionError as e:
+            result["accuracy"][str(n)], result["not_applicable"][str(n)] = None, str(e)
+        else:
+            result["accuracy"][str(n)] = acc
+    _write_json(result_path, result)
+    (folder / CHECKPOINT).unlink(missing_ok=True)
+    return result
+
+
+def _run_cell_in_worker(job: tuple[Cell, list[int], str, str, int]) -> dict:
+    cell, lengths, out, device, threads = job
+    torch.set_num_threads(threads)
+    return run_cell(cell, lengths, Path(out), device, progress=False)
+
+
+def run_sweep(sweep: Sweep, out: str | Path, workers: int = 1, device: str = "auto",
+              progress: bool = True) -> list[dict]:
+    """Run every cell not yet finished, then write results.json, report.md and the plots into ``out``."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.yaml").write_text(yaml.safe_dump(sweep.config, sort_keys=False))
+    jobs = [(cell, sweep.test_lengths[cell.train_length]) for cell in sweep.cells]
+    if workers <= 1:
+        results = [run_cell(cell, lengths, out, device, progress)
+                   for cell, lengths in tqdm(jobs, desc="cells", disable=not progress, dynamic_ncols=True)]
+    else:
+        threads = max(1, (os.cpu_count() or 1) // workers)
+        with multiprocessing.get_context("spawn").Pool(workers) as pool:
+            args = [(cell, lengths, str(out), device, threads) for cell, lengths in jobs]
+            results = list(tqdm(pool.imap(_run_cell_in_worker, args), total=len(args), desc="cells",
+                                disable=not progress, dynamic_ncols=True))
+    _select(results)
+    _write_json(out / "results.json", {"name": sweep.name, "config": sweep.config, "cells": results})
+    from posattn.tasks.report import write_plots, write_report
+
+    write_report(sweep, results, out)
+    write_plots(sweep, results, out)
+    return results
+
+
+def _select(results: list[dict]) -> None:
+    """Mark, per (model, width, training length), the learning rate with the best mean validation accuracy."""
+    groups: dict[tuple, dict[float, list[dict]]] = {}
+    for r in results:
+        groups.setdefault((r["label"], r["d_model"], r["train_length"]), {}).setdefault(r["lr"], []).append(r)
+    for by_lr in groups.values():
+        def score(lr: float) -> float:
+            return statistics.fmean(r["valid_accuracy"] if r["valid_accuracy"] is not None else -1.0 for r in by_lr[lr])
+        best = max(by_lr, key=score)
+        for lr, rs in by_lr.items():
+            for r in rs:
+                r["selected"] = lr == best

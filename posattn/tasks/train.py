@@ -1,0 +1,189 @@
+"""Training loop for the synthetic tasks: AdamW, warmup + cosine, clipping, early stop, resume.
+
+The loop is deterministic: batch order comes from ``seed`` and the step number alone, and a
+checkpoint holds the model, the optimizer, the RNG state and the evaluation history, so a run
+resumed from any checkpoint ends with the same weights as an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+from torch import nn
+from tqdm.auto import tqdm
+
+from posattn.tasks.generators import IGNORE, TaskData
+
+CHECKPOINT = "checkpoint.pt"
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Optimisation settings; ``warmup`` below 1 is a fraction of ``steps``, else a step count."""
+
+    steps: int = 1000
+    batch_size: int = 64
+    lr: float = 1e-3
+    weight_decay: float = 0.1
+    warmup: float = 0.1
+    min_lr_ratio: float = 0.0
+    grad_clip: float = 1.0
+    target_accuracy: float | None = None
+    eval_every: int = 100
+    eval_batch_size: int = 256
+    seed: int = 0
+
+    @property
+    def warmup_steps(self) -> int:
+        return int(self.warmup * self.steps) if self.warmup < 1 else int(self.warmup)
+
+    def lr_at(self, step: int) -> float:
+        """Learning rate for optimizer step ``step`` (0-based): linear warmup, then cosine decay."""
+        warm = self.warmup_steps
+        if step < warm:
+            return self.lr * (step + 1) / warm
+        progress = (step - warm) / max(1, self.steps - warm)
+        cosine = 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+        return self.lr * (self.min_lr_ratio + (1.0 - self.min_lr_ratio) * cosine)
+
+
+@dataclass
+class TrainResult:
+    """What a run did: steps taken, whether it hit the target, evaluation history, last loss."""
+
+    steps: int
+    stopped_early: bool
+    valid_accuracy: float | None
+    loss: float | None
+    history: list[dict[str, float]] = field(default_factory=list)
+
+
+def resolve_device(device: str | torch.device = "auto") -> torch.device:
+    """``"auto"`` picks CUDA when available, else CPU; anything else is passed to ``torch.device``."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def masked_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy over the scored positions only (``labels != IGNORE``)."""
+    keep = labels != IGNORE
+    return nn.functional.cross_entropy(logits[keep].float(), labels[keep])
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, data: TaskData, batch_size: int = 256,
+             device: str | torch.device | None = None) -> float:
+    """Accuracy of the argmax prediction over the scored positions of ``data``."""
+    device = device or next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    correct = total = 0
+    for start in range(0, len(data), batch_size):
+        inputs = data.inputs[start:start + batch_size].to(device)
+        labels = data.labels[start:start + batch_size].to(device)
+        keep = labels != IGNORE
+        predictions = model(inputs)[keep].argmax(-1)
+        correct += int((predictions == labels[keep]).sum())
+        total += int(keep.sum())
+    model.train(was_training)
+    return correct / max(1, total)
+
+
+def _batch_indices(n: int, batch_size: int, step: int, seed: int) -> torch.Tensor:
+    """Example indices of ``step``: consecutive slices of per-epoch permutations seeded by ``(seed, epoch)``."""
+    first = step * batch_size
+    parts = []
+    while first < (step + 1) * batch_size:
+        epoch, offset = divmod(first, n)
+        perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed * 1_000_003 + epoch))
+        take = min(n - offset, (step + 1) * batch_size - first)
+        parts.append(perm[offset:offset + take])
+        first += take
+    return torch.cat(parts)
+
+
+def _save(path: Path, state: dict) -> None:
+    """Atomic write: a crash mid-save never leaves a half checkpoint behind."""
+    tmp = path.with_suffix(".tmp")
+    torch.save(state, tmp)
+    os.replace(tmp, path)
+
+
+def train(model: nn.Module, data: TaskData, cfg: TrainConfig, *, valid: TaskData | None = None,
+          checkpoint_dir: str | Path | None = None, device: str | torch.device = "auto",
+          progress: bool = True, description: str = "train") -> TrainResult:
+    """Train ``model`` (``input_ids -> logits [b, n, vocab]``) on ``data``; evaluate on ``valid``.
+
+    Every ``cfg.eval_every`` steps (and at the end) the model is evaluated on ``valid``; it stops
+    once accuracy reaches ``cfg.target_accuracy``. With ``checkpoint_dir`` a checkpoint is written
+    at each evaluation and an existing one is resumed from. Seed the model's initialisation
+    yourself (``torch.manual_seed``) before building it.
+    """
+    device = resolve_device(device)
+    model.to(device).train()
+    decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
+    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
+                                   {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr)
+    path = Path(checkpoint_dir) / CHECKPOINT if checkpoint_dir is not None else None
+    step, history, done, loss_value = 0, [], False, None
+    torch.manual_seed(cfg.seed)
+    if path is not None and path.exists():
+        state = torch.load(path, map_location=device, weights_only=False)
+        if state["config"] != asdict(cfg):
+            raise ValueError(f"checkpoint {path} was written with a different training config; "
+                             f"delete it or use another folder")
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        torch.set_rng_state(state["rng"])
+        if device.type == "cuda" and state.get("cuda_rng") is not None:
+            torch.cuda.set_rng_state(state["cuda_rng"], device)
+        step, history, done, loss_value = state["step"], state["history"], state["done"], state["loss"]
+
+    def checkpoint() -> None:
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            _save(path, {"config": asdict(cfg), "model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                         "rng": torch.get_rng_state(),
+                         "cuda_rng": torch.cuda.get_rng_state(device) if device.type == "cuda" else None,
+                         "step": step, "history": history, "done": done, "loss": loss_value})
+
+    def reached(acc: float) -> bool:
+        return cfg.target_accuracy is not None and acc >= cfg.target_accuracy
+
+    bar = tqdm(total=cfg.steps, initial=step, desc=description, disable=not progress or done,
+               leave=False, dynamic_ncols=True)
+    while not done:
+        if step < cfg.steps:
+            idx = _batch_indices(len(data), cfg.batch_size, step, cfg.seed)
+            inputs, labels = data.inputs[idx].to(device), data.labels[idx].to(device)
+            for group in optimizer.param_groups:
+                group["lr"] = cfg.lr_at(step)
+            loss = masked_loss(model(inputs), labels)
+            if not torch.isfinite(loss):
+                raise FloatingPointError(f"loss became {loss.item()} at step {step}; lower the learning rate")
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            if cfg.grad_clip > 0:
+                nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+            optimizer.step()
+            step += 1
+            loss_value = loss.item()
+            bar.update(1)
+        if step % cfg.eval_every == 0 or step >= cfg.steps:
+            entry = {"step": step, "loss": loss_value}
+            if valid is not None:
+                entry["valid_accuracy"] = evaluate(model, valid, cfg.eval_batch_size, device)
+            history.append(entry)
+            bar.set_postfix({k: round(v, 4) for k, v in entry.items() if k != "step"})
+            done = step >= cfg.steps or reached(entry.get("valid_accuracy", 0.0))
+            checkpoint()
+    bar.close()
+    last = history[-1] if history else {}
+    return TrainResult(steps=step, stopped_early=step < cfg.steps, valid_accuracy=last.get("valid_accuracy"),
+                       loss=loss_value, history=history)
