@@ -101,7 +101,7 @@ class CAT(Mechanism):
                  depthwise: bool = False, targets: str = "qkv", qk_norm: bool = False) -> None:
         super().__init__(dims, shared)
         self.targets = check_targets(targets, "qkv", "cat")
-        self.acts_on = tuple(self.targets)
+        self.acts_on = tuple(t for t in "qkv" if t in targets or (qk_norm and t in "qk"))
         k = taps(kernel_size, dims.causal, "cat")
         delta = torch.zeros(k)
         delta[k - 1 if dims.causal else k // 2] = 1.0

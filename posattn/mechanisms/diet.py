@@ -1,6 +1,7 @@
 """DIET (Chen et al. 2021): position added per head directly to the attention scores.
 
-- ``diet_abs`` (Eq 1): s_ij += (P_Q P_Kᵀ)_ij, P_Q, P_K ∈ R^{n×d_p} (rank d_p, default d_h).
+- ``diet_abs`` (Eq 1): s_ij += (P_Q P_Kᵀ)_ij, P_Q, P_K ∈ R^{n×d_p} (rank d_p, default d_h),
+  rows taken at the input's position ids.
   Sharing (§3.1/§4): ``none`` (own P per layer and head), ``head`` (one P per layer, shared by
   its heads), ``layer`` (one P per head, shared by all layers). The score rank can exceed d_h
   (Theorem 1). The term is low rank, so the fast path folds it into q/k.
@@ -46,11 +47,12 @@ class DietAbs(Mechanism):
         return options.get("sharing", "none") == "layer"
 
     def check(self, ctx: Context) -> None:
-        max_len_check(self, ctx.n, self.p_q.shape[1])
+        max_len_check(self, int(ctx.positions.max()) + 1, self.p_q.shape[1])
 
     def score_terms(self, q: Tensor, k: Tensor, ctx: Context) -> list[Term]:
-        n = ctx.n
-        return [LowRank(u=self.p_q[None, :, :n].to(q.dtype), v=self.p_k[None, :, :n].to(q.dtype))]
+        pos = ctx.positions  # rows of P_Q, P_K at the input's position ids: [heads, b, n, r]
+        return [LowRank(u=self.p_q[:, pos].transpose(0, 1).to(q.dtype),
+                        v=self.p_k[:, pos].transpose(0, 1).to(q.dtype))]
 
 
 @register("diet_rel")

@@ -50,8 +50,12 @@ class Segment(Mechanism):
                             f"n_segments = {self.dims.n_segments}")
 
     def embed(self, x: Tensor, ctx: Context) -> Tensor:
+        if self.mode != "input":
+            return x
         return x + self.embedding(ctx.segments)
 
     def score_terms(self, q: Tensor, k: Tensor, ctx: Context) -> list[Term]:
+        if self.mode != "attention":
+            return []
         onehot = F.one_hot(ctx.segments, self.dims.n_segments).to(q.dtype)[:, None]  # [b,1,n,S]
         return [LowRank(u=onehot @ self.table.to(q.dtype), v=onehot)]

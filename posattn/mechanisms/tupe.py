@@ -6,8 +6,10 @@ p ∈ R^{max_len×d} is one learned position embedding shared by all layers (nev
 input); U_Q, U_K are per-layer projections split by head. ``untie_cls``: the [CLS] (first)
 token's position terms are replaced by learned scalars, θ1 for its row (CLS → all) and θ2 for
 its column (others → CLS), per head (on by default in encoders). ``relative_bias``: TUPE-R,
-adds a T5 bucket bias. Low rank: untying adds two dimensions, u_i = [p_iU_Q·1{i>0}, 1{i=0},
-1{i>0}], v_j = [p_jU_K·1{j>0}, θ1, θ2·1{j=0}].
+adds a T5 bucket bias, which (as in TUPE's code, where [CLS] gets its own buckets) does not
+reach the untied [CLS] row and column. p_i is read at the input's position ids. Low rank: untying
+adds two dimensions, u_i = [p_iU_Q·1{i>0}, 1{i=0}, 1{i>0}], v_j = [p_jU_K·1{j>0}, θ1, θ2·1{j=0}],
+and two more cancel the relative bias on row and column 0.
 """
 from __future__ import annotations
 
@@ -45,24 +47,29 @@ class TUPE(Mechanism):
         self.relative = T5Bias(dims, shared, bidirectional=not dims.causal) if relative_bias else None
 
     def check(self, ctx: Context) -> None:
-        max_len_check(self, ctx.n, self.positions.num_embeddings)
+        max_len_check(self, int(ctx.positions.max()) + 1, self.positions.num_embeddings)
 
     def transform_qkv(self, q: Tensor, k: Tensor, v: Tensor, ctx: Context) -> tuple[Tensor, Tensor, Tensor]:
         return q / math.sqrt(2.0), k, v
 
     def score_terms(self, q: Tensor, k: Tensor, ctx: Context) -> list[Term]:
         n, h = ctx.n, self.dims.n_heads
-        p = self.positions(torch.arange(n, device=q.device))
-        u = self.u_q(p).view(n, h, -1).transpose(0, 1) / math.sqrt(2.0 * self.dims.head_dim)
-        v = self.u_k(p).view(n, h, -1).transpose(0, 1)
+        p = self.positions(ctx.positions)  # [b, n, d]
+        b = p.shape[0]
+        u = self.u_q(p).view(b, n, h, -1).transpose(1, 2) / math.sqrt(2.0 * self.dims.head_dim)
+        v = self.u_k(p).view(b, n, h, -1).transpose(1, 2)
+        relative = self.relative.score_terms(q, k, ctx) if self.relative is not None else []
         if self.untie_cls:
             first = torch.zeros(n, 1, device=q.device, dtype=u.dtype)
             first[0] = 1.0
             rest = 1.0 - first
-            u = torch.cat([u * rest, first.expand(h, n, 1), rest.expand(h, n, 1)], -1)
-            v = torch.cat([v * rest, self.theta[0][:, None, None].expand(h, n, 1),
-                           self.theta[1][:, None, None] * first], -1)
-        terms: list[Term] = [LowRank(u=u[None].to(q.dtype), v=v[None].to(q.dtype))]
-        if self.relative is not None:
-            terms += self.relative.score_terms(q, k, ctx)
-        return terms
+            cls = first.expand(b, h, n, 1)
+            u = torch.cat([u * rest, cls, rest.expand(b, h, n, 1)], -1)
+            v = torch.cat([v * rest, self.theta[0][:, None, None].expand(b, h, n, 1),
+                           self.theta[1][:, None, None] * cls], -1)
+            if relative:  # cancel b(j − 0) on row 0 and b(0 − i) on column 0
+                table = relative[0].table.to(u.dtype)  # [h, 2n − 1], offset r at r + n − 1
+                row0, col0 = table[:, n - 1:], table[:, :n].flip(-1)  # b(j), b(−i)   [h, n]
+                u = torch.cat([u, cls, (-col0[None, :, :, None] * rest).expand(b, h, n, 1)], -1)
+                v = torch.cat([v, -row0[None, :, :, None].expand(b, h, n, 1), cls], -1)
+        return [LowRank(u=u.to(q.dtype), v=v.to(q.dtype)), *relative]

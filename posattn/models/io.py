@@ -42,7 +42,10 @@ def load(folder: str | Path) -> Transformer:
 
 def from_yaml(path: str | Path) -> Transformer:
     """Build a fresh model from a YAML file with the fields of :func:`build_model`."""
-    data = yaml.safe_load(Path(path).read_text())
+    try:
+        data = yaml.safe_load(Path(path).read_text())
+    except yaml.YAMLError as e:
+        raise PositionError(f"{path}: not valid YAML: {e}") from None
     if not isinstance(data, dict):
         raise PositionError(f"{path}: expected a mapping of model fields")
     return build_model(data)

@@ -93,6 +93,8 @@ class Transformer(nn.Module):
             positions = torch.arange(n, device=input_ids.device).expand(b, n)
         elif positions.shape != (b, n):
             raise PositionError(f"positions has shape {tuple(positions.shape)}, expected {(b, n)}")
+        elif positions.dtype != torch.long or int(positions.min()) < 0:
+            raise PositionError("positions must be a non-negative LongTensor of position ids")
         ctx = Context(positions=positions, segments=segment_ids, keep=keep, causal=self.causal)
         for m in self.mechanisms():
             m.check(ctx)

@@ -421,20 +421,24 @@ def _run_cell_in_worker(job: tuple[Cell, list[int], str, str, int]) -> dict:
     return run_cell(cell, lengths, Path(out), device, progress=False)
 
 
-def run_sweep(sweep: Sweep, out: str | Path, workers: int = 1, device: str = "auto",
+def run_sweep(sweep: Sweep, out: str | Path, workers: int = 1, device: str = "auto", threads: int | None = None,
               progress: bool = True) -> list[dict]:
-    """Run every cell not yet finished, then write results.json, report.md and the plots into ``out``."""
+    """Run every cell not yet finished, then write results.json, report.md and the plots into ``out``.
+
+    ``threads``: torch intra-op threads per worker (``None``: leave torch's setting alone).
+    """
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.yaml").write_text(yaml.safe_dump(sweep.config, sort_keys=False))
     jobs = [(cell, sweep.test_lengths[cell.train_length]) for cell in sweep.cells]
     if workers <= 1:
+        if threads is not None:
+            torch.set_num_threads(threads)
         results = [run_cell(cell, lengths, out, device, progress)
                    for cell, lengths in tqdm(jobs, desc="cells", disable=not progress, dynamic_ncols=True)]
     else:
-        threads = max(1, (os.cpu_count() or 1) // workers)
+        args = [(cell, lengths, str(out), device, threads or torch.get_num_threads()) for cell, lengths in jobs]
         with multiprocessing.get_context("spawn").Pool(workers) as pool:
-            args = [(cell, lengths, str(out), device, threads) for cell, lengths in jobs]
             results = list(tqdm(pool.imap(_run_cell_in_worker, args), total=len(args), desc="cells",
                                 disable=not progress, dynamic_ncols=True))
     _select(results)

@@ -114,8 +114,9 @@ def recall(n: int, length: int, vocab_size: int, seed: int, *, split: str = "tra
     if not 1 <= alphabet <= key_space:
         raise TaskError(f"key_alphabet must be in [1, {key_space}] for vocab_size {vocab_size}, got {alphabet}")
     if alphabet ** ngram < pairs:
-        raise TaskError(f"{pairs} distinct keys need more than {alphabet}^{ngram} key {ngram}-grams: "
-                        f"raise vocab_size or key_alphabet, or lower num_kv_pairs")
+        raise TaskError(f"{pairs} pairs need {pairs} distinct keys but only {alphabet ** ngram} exist "
+                        f"(key alphabet {alphabet}, ngram {ngram}): raise vocab_size or key_alphabet, "
+                        f"or lower num_kv_pairs")
     if vocab_size - vocab_size // 2 < pairs:
         raise TaskError(f"{pairs} distinct values need vocab_size >= {2 * pairs}, got {vocab_size}")
     context = pairs * block
