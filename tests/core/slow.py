@@ -1,0 +1,198 @@
+"""An independent, loop-by-loop attention layer written from the spec's formulas (SPEC.md table,
+Chang Eq 4-7, TISA Eq 5, DIET Eq 1-3, Raffel's buckets, Press's ALiBi, Su's RoPE, Ke's TUPE, CAT).
+
+It reads the parameters of a built :class:`posattn.attention.layer.Attention` and recomputes the
+layer's output with plain Python loops over heads, queries and keys; nothing here calls posattn's
+term or path code.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+
+# Mechanisms this module has a formula for; a newly registered mechanism fails the coverage test
+# until its formula is written here.
+COVERED = {"none", "rope", "alibi", "t5", "fixed_conv", "dynamic_conv", "key_dynamic_conv", "composite",
+           "depthwise_conv", "conv_qkv", "cat", "tisa", "diet_abs", "diet_rel", "segment", "tupe"}
+
+
+def t5_bucket_ref(rel: int, bidirectional: bool, num_buckets: int, max_distance: int) -> int:
+    """Raffel et al. 2020 (mesh_tensorflow ``_relative_position_bucket``), rel = j − i."""
+    ret = 0
+    n = -rel
+    if bidirectional:
+        num_buckets //= 2
+        ret += (n < 0) * num_buckets
+        n = abs(n)
+    else:
+        n = max(n, 0)
+    max_exact = num_buckets // 2
+    if n < max_exact:
+        return ret + n
+    val = max_exact + int(math.log(n / max_exact) / math.log(max_distance / max_exact)
+                          * (num_buckets - max_exact))
+    return ret + min(val, num_buckets - 1)
+
+
+def clip(r: int, k: int) -> int:
+    return max(-k, min(k, r))
+
+
+def conv_along(x: Tensor, w: Tensor, causal: bool, keep: Tensor | None) -> Tensor:
+    """y[b, t, c] = Σ_m w[c, m] x[b, t + m − left, c]; zero outside and at padding.
+    ``w`` is [C, K] or [K] (one filter for every channel)."""
+    b, n, c = x.shape
+    K = w.shape[-1]
+    left = K - 1 if causal else (K - 1) // 2
+    if keep is not None:
+        x = x * keep[..., None].to(x.dtype)
+    y = torch.zeros_like(x)
+    for t in range(n):
+        for m in range(K):
+            s = t + m - left
+            if 0 <= s < n:
+                wm = w[m] if w.dim() == 1 else w[:, m]
+                y[:, t, :] = y[:, t, :] + wm * x[:, s, :]
+    return y
+
+
+def position_bias(mech, name: str, h: int, i: int, j: int, q: Tensor, k: Tensor, bidx: int,
+                  segments: Tensor, dh: int, causal: bool, n: int, positions: Tensor) -> Tensor | float:
+    """The additive score term of one mechanism for head h, query i, key j."""
+    r = j - i
+    if name == "alibi":
+        return -float(mech.slopes[h]) * abs(r)
+    if name == "t5":
+        bucket = t5_bucket_ref(r, mech.bidirectional, mech.num_buckets, mech.max_distance)
+        return mech.bias.weight[bucket, h]
+    if name == "fixed_conv":
+        w = (mech.beta.shape[1] - 1) // 2
+        return mech.beta[h, clip(r, w) + w]
+    if name == "dynamic_conv":
+        w = (mech.weight.shape[0] - 1) // 2
+        return q[bidx, h, i] @ mech.weight[clip(r, w) + w] / math.sqrt(dh)
+    if name == "key_dynamic_conv":
+        w = (mech.weight.shape[0] - 1) // 2
+        return k[bidx, h, j] @ mech.weight[clip(-r, w) + w] / math.sqrt(dh)
+    if name == "composite":
+        return (position_bias(mech.fixed, "fixed_conv", h, i, j, q, k, bidx, segments, dh, causal, n, positions)
+                + position_bias(mech.dynamic, "dynamic_conv", h, i, j, q, k, bidx, segments, dh, causal, n, positions))
+    if name == "tisa":
+        total = 0.0
+        for s in range(mech.a.shape[1]):
+            total = total + mech.a[h, s] * torch.exp(-mech.b[h, s].abs() * (r - mech.c[h, s]) ** 2)
+        return total
+    if name == "diet_abs":
+        hp = 0 if mech.p_q.shape[0] == 1 else h
+        return mech.p_q[hp, positions[bidx, i]] @ mech.p_k[hp, positions[bidx, j]]
+    if name == "diet_rel":
+        m = mech.max_distance
+        return mech.rel[h, clip(r, m) + m]
+    if name == "segment":
+        return mech.table[h, segments[bidx, i], segments[bidx, j]]
+    if name == "tupe":
+        d = mech.dims.d_model
+        if mech.untie_cls and i == 0:
+            return mech.theta[0, h]
+        if mech.untie_cls and j == 0:
+            return mech.theta[1, h]
+        p = mech.positions.weight
+        pq = (p[positions[bidx, i]] @ mech.u_q.weight.T)[h * dh:(h + 1) * dh]
+        pk = (p[positions[bidx, j]] @ mech.u_k.weight.T)[h * dh:(h + 1) * dh]
+        total = pq @ pk / math.sqrt(2 * dh)
+        if mech.relative is not None:
+            total = total + position_bias(mech.relative, "t5", h, i, j, q, k, bidx, segments, dh, causal, n, positions)
+        return total
+    return 0.0
+
+
+def rope_rotate(x: Tensor, positions: Tensor, theta: Tensor, mscale: float) -> Tensor:
+    """Rotate channel pairs (m, m + d/2) of x [b, h, n, d] by angle position·θ_m."""
+    out = x.clone()
+    half = x.shape[-1] // 2
+    for bi in range(x.shape[0]):
+        for t in range(x.shape[2]):
+            for m in range(half):
+                a = float(positions[bi, t]) * float(theta[m])
+                c, s = math.cos(a) * mscale, math.sin(a) * mscale
+                x1, x2 = x[bi, :, t, m], x[bi, :, t, m + half]
+                out[bi, :, t, m] = x1 * c - x2 * s
+                out[bi, :, t, m + half] = x2 * c + x1 * s
+    return out
+
+
+def slow_layer(attn, x: Tensor, keep: Tensor | None, causal: bool, segments: Tensor,
+               positions: Tensor) -> Tensor:
+    """The attention layer's output [b, n, d_model], from its parameters and the formulas."""
+    b, n, d = x.shape
+    H = attn.dims.n_heads
+    dh = d // H
+    W, bias = attn.qkv.weight, attn.qkv.bias
+
+    def heads(t: Tensor) -> Tensor:  # [b, n, H·dh] -> [b, H, n, dh]
+        return t.reshape(b, n, H, dh).permute(0, 2, 1, 3)
+
+    q = heads(x @ W[:d].T + bias[:d])
+    k = heads(x @ W[d:2 * d].T + bias[d:2 * d])
+    v = heads(x @ W[2 * d:].T + bias[2 * d:])
+    scale = 1.0 / math.sqrt(dh)
+    names = [m.name for m in attn.mechanisms]
+    assert set(names) <= COVERED, f"no slow formula for {set(names) - COVERED}"
+    for mech in attn.mechanisms:
+        if mech.name == "rope":
+            theta = mech.theta
+            q, k = rope_rotate(q, positions, theta, mech.mscale), rope_rotate(k, positions, theta, mech.mscale)
+        elif mech.name == "tupe":
+            scale = 1.0 / math.sqrt(2 * dh)
+        elif mech.name == "cat":
+            new = {"q": q, "k": k, "v": v}
+            for t, w in mech.filters.items():
+                flat = new[t].permute(0, 2, 1, 3).reshape(b, n, d)
+                new[t] = heads(conv_along(flat, w, causal, keep))
+            q, k, v = new["q"], new["k"], new["v"]
+            if mech.qk_norm:
+                q = q / q.norm(dim=-1, keepdim=True) * mech.log_temperature.exp()
+                k = k / k.norm(dim=-1, keepdim=True)
+        elif mech.name == "conv_qkv":
+            c = mech.n_conv
+            new = {"q": q, "k": k, "v": v}
+            for t in mech.targets:
+                lin = mech.pointwise[t]
+                conv = conv_along(x, mech.depthwise[t], causal, keep) @ lin.weight.T + lin.bias
+                new[t] = torch.cat([new[t][:, : H - c], conv.reshape(b, n, c, dh).permute(0, 2, 1, 3)], 1)
+            q, k, v = new["q"], new["k"], new["v"]
+    o = torch.zeros(b, H, n, dh, dtype=x.dtype)
+    for bi in range(b):
+        for h in range(H):
+            for i in range(n):
+                row = []
+                for j in range(n):
+                    allowed = (i == j) or ((not causal or j <= i) and (keep is None or bool(keep[bi, j])))
+                    if not allowed:
+                        row.append(torch.tensor(float("-inf"), dtype=x.dtype))
+                        continue
+                    s = (q[bi, h, i] @ k[bi, h, j]) * scale
+                    for mech in attn.mechanisms:
+                        s = s + position_bias(mech, mech.name, h, i, j, q, k, bi, segments, dh, causal, n, positions)
+                    row.append(s)
+                p = torch.softmax(torch.stack(row), 0)
+                o[bi, h, i] = sum(p[j] * v[bi, h, j] for j in range(n))
+    if "depthwise_conv" in names:
+        mech = attn.mechanisms[names.index("depthwise_conv")]
+        flat_v = v.permute(0, 2, 1, 3).reshape(b, n, d)
+        o = o + heads(conv_along(flat_v, mech.weight, causal, keep))
+    merged = o.permute(0, 2, 1, 3).reshape(b, n, d)
+    return merged @ attn.out.weight.T + attn.out.bias
+
+
+def sinusoid_ref(pos: int, d: int, base: float = 10000.0) -> list[float]:
+    """Vaswani et al. §3.5: PE[p, 2i] = sin(p / base^{2i/d}), PE[p, 2i+1] = cos(p / base^{2i/d})."""
+    out = []
+    for c in range(d):
+        i = c // 2
+        ang = pos / base ** (2 * i / d)
+        out.append(math.sin(ang) if c % 2 == 0 else math.cos(ang))
+    return out
