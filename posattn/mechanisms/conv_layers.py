@@ -31,7 +31,7 @@ def taps(kernel_size: int, causal: bool, name: str) -> int:
     if causal:
         return kernel_size
     if kernel_size % 2 == 0:
-        raise PositionError(f"{name}: an encoder needs an odd (centered) kernel_size, got {kernel_size}")
+        raise PositionError(f"{name}: a centered filter needs an odd kernel_size, got {kernel_size}")
     return kernel_size
 
 

@@ -22,21 +22,33 @@ def save(model: Transformer, folder: str | Path) -> Path:
     return folder
 
 
+def read_config(folder: str | Path) -> dict:
+    """The checkpoint's config (kind + ModelConfig fields); PositionError if it is not one."""
+    path = Path(folder) / CONFIG
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise PositionError(f"{folder} is not a posattn checkpoint: no {CONFIG}") from None
+    except json.JSONDecodeError as e:
+        raise PositionError(f"{path} is not valid JSON ({e})") from None
+    if not isinstance(data, dict) or data.get("format") != "posattn":
+        raise PositionError(f"{folder} is not a posattn checkpoint: {CONFIG} lacks format 'posattn'")
+    return {k: v for k, v in data.items() if k != "format"}
+
+
 def is_checkpoint(folder: str | Path) -> bool:
-    """True if ``folder`` holds a posattn checkpoint."""
-    cfg = Path(folder) / CONFIG
-    return cfg.is_file() and json.loads(cfg.read_text()).get("format") == "posattn"
+    """True if ``folder`` holds a readable posattn checkpoint config."""
+    try:
+        read_config(folder)
+    except PositionError:
+        return False
+    return True
 
 
 def load(folder: str | Path) -> Transformer:
     """Rebuild the model from ``folder`` and load its weights exactly."""
-    folder = Path(folder)
-    if not is_checkpoint(folder):
-        raise PositionError(f"{folder} is not a posattn checkpoint (no {CONFIG} with format 'posattn')")
-    data = json.loads((folder / CONFIG).read_text())
-    data.pop("format")
-    model = build_model(data)
-    load_model(model, str(folder / WEIGHTS))
+    model = build_model(read_config(folder))
+    load_model(model, str(Path(folder) / WEIGHTS))
     return model
 
 

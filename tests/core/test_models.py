@@ -107,6 +107,10 @@ def test_not_a_checkpoint(tmp_path):
     assert not is_checkpoint(tmp_path)
     with pytest.raises(PositionError, match="not a posattn checkpoint"):
         load(tmp_path)
+    (tmp_path / "config.json").write_text("{not json")
+    assert not is_checkpoint(tmp_path)
+    with pytest.raises(PositionError, match="not valid JSON"):
+        load(tmp_path)
 
 
 def test_mechanisms_compose_in_order_and_without_name_special_cases():
