@@ -14,6 +14,7 @@ import json
 import multiprocessing
 import os
 import statistics
+import textwrap
 import time
 from dataclasses import asdict, dataclass, fields, replace
 from importlib import resources
@@ -26,7 +27,10 @@ import yaml
 from tqdm.auto import tqdm
 
 from posattn.errors import PositionError
+from posattn.mechanisms import registry
+from posattn.models import build_model, load, save
 from posattn.tasks.generators import TASK_PARAMS, TASKS, TaskError, drop_overlap, generate
+from posattn.tasks.report import write_plots, write_report
 from posattn.tasks.train import CHECKPOINT, TrainConfig, evaluate, resolve_device, train
 
 DEFAULT_CONFIG = "default"
@@ -57,14 +61,22 @@ Config schema (YAML; every key but `models` has a default):
   n_heads: 2   d_ff: 0 (no MLP)   max_len: null (= longest test length)   dropout: 0.0
   attn_path: fast | reference
   models:                    list of model entries, each
-    - mechanisms: [name or {{name: ..., option: value}}]   valid names: {mechanisms}
+    - mechanisms: [name or {{name: ..., option: value}}]
+{mechanisms}
       layers: int | [int]    depth(s), default 2
       label: str             optional row name (default: mechanism names and depth)
       n_heads/d_ff/max_len/dropout/attn_path: per-model overrides
-  training:                  {training}
+  training:                  defaults:
+{training}
     lr may be a list: each value is a cell and the report keeps, per model, the one with
     the best validation accuracy. warmup < 1 is a fraction of steps. Training stops early
     once validation accuracy reaches target_accuracy.
+Tasks (vocabulary V; token 0 is filler or noise):
+  mqar, mqnar      D key-value pairs (keys from [1, V/2), values from [V/2, V); mqnar keys are
+                   N-grams), then every key queried once at power-law gaps (Zoology's layout)
+  ar, nar          the same context, then one query at the very end
+  selective_copy   num_tokens content tokens among noise, a separator (token 1), then the
+                   content tokens in order
 Accuracy is the fraction of scored tokens (query answers, copied tokens) predicted exactly.
 A model that cannot run a test length (e.g. `absolute` beyond max_len) gets null there,
 with the reason in the report."""
@@ -74,22 +86,13 @@ class ConfigError(PositionError):
     """A compare config is invalid; the message lists every problem found."""
 
 
-def mechanism_names() -> list[str]:
-    """Names of the registered position mechanisms."""
-    from posattn.mechanisms import registry
-
-    return registry.names()
-
-
 def schema_text() -> str:
     """:data:`SCHEMA` filled in with the valid tasks, task options, mechanisms and training keys."""
-    try:
-        mechanisms = ", ".join(mechanism_names())
-    except ImportError:
-        mechanisms = "(posattn.mechanisms is not importable)"
+    mechanisms = textwrap.fill("valid names: " + ", ".join(registry.names()), 96, initial_indent=" " * 29, subsequent_indent=" " * 29)
     task_lines = "\n".join(f"{'':29}{task}: {', '.join(f'{k}={v}' for k, v in params.items())}"
                            for task, params in TASK_PARAMS.items())
-    training = ", ".join(f"{k}={v}" for k, v in asdict(TrainConfig()).items() if k != "seed")
+    training = textwrap.fill(", ".join(f"{k}={v}" for k, v in asdict(TrainConfig()).items() if k != "seed"),
+                             96, initial_indent=" " * 29, subsequent_indent=" " * 29)
     return SCHEMA.format(tasks=", ".join(TASKS), task_params=task_lines, mechanisms=mechanisms, training=training)
 
 
@@ -192,6 +195,93 @@ def _task_params(task: str, params: dict[str, Any], train_length: int) -> dict[s
     return params
 
 
+def _lengths(raw: dict[str, Any], errors: list[str]) -> tuple[list[int], dict[int, list[int]]]:
+    """Training lengths and, per training length, the sorted test lengths."""
+    train_lengths = _as_list(raw.get("train_length", 64))
+    if not all(_is_int(n, 2) for n in train_lengths):
+        errors.append(f"train_length must be an integer >= 2 or a list of them, got {raw.get('train_length')!r}")
+        train_lengths = [64]
+    if "test_lengths" in raw and "test_multipliers" in raw:
+        errors.append("give test_lengths or test_multipliers, not both")
+    if "test_lengths" in raw:
+        lengths = _as_list(raw["test_lengths"])
+        if not lengths or not all(_is_int(n, 2) for n in lengths):
+            errors.append(f"test_lengths must be a non-empty list of integers >= 2, got {raw['test_lengths']!r}")
+            lengths = train_lengths[:1]
+        return train_lengths, {n: sorted(set(lengths)) for n in train_lengths}
+    mults = _as_list(raw.get("test_multipliers", [1, 2, 4, 8]))
+    if not mults or not all(isinstance(m, (int, float)) and not isinstance(m, bool) and m > 0 for m in mults):
+        errors.append(f"test_multipliers must be a non-empty list of positive numbers, got {mults!r}")
+        mults = [1]
+    return train_lengths, {n: sorted({max(2, round(m * n)) for m in mults}) for n in train_lengths}
+
+
+def _training(raw: dict[str, Any], errors: list[str]) -> tuple[TrainConfig, list[float]]:
+    """The shared training settings and the learning rates to sweep."""
+    training = dict(raw.get("training") or {})
+    bad = sorted(set(training) - set(TRAINING_KEYS))
+    if bad:
+        errors.append(f"training: unknown key(s) {', '.join(bad)}; valid keys: {', '.join(TRAINING_KEYS)}")
+        training = {k: v for k, v in training.items() if k in TRAINING_KEYS}
+    lrs = _as_list(training.pop("lr", TrainConfig.lr))
+    try:
+        base = TrainConfig(**training)
+        for key in ("steps", "batch_size", "eval_every", "eval_batch_size"):
+            if not _is_int(getattr(base, key)):
+                raise TypeError(f"{key} must be a positive integer, got {getattr(base, key)!r}")
+        if not all(isinstance(lr, (int, float)) and lr > 0 for lr in lrs):
+            raise TypeError(f"lr must be a positive number or a list of them, got {lrs!r}")
+        target = base.target_accuracy
+        if target is not None and not (isinstance(target, (int, float)) and 0 < target <= 1):
+            raise TypeError(f"target_accuracy must be null or in (0, 1], got {target!r}")
+    except TypeError as e:
+        errors.append(f"training: {e}")
+        return TrainConfig(), [TrainConfig.lr]
+    return base, [float(lr) for lr in lrs]
+
+
+def _model_specs(raw: dict[str, Any], errors: list[str], train_length: int, longest: int) -> list[dict[str, Any]]:
+    """One spec per (model entry, depth): label, mechanisms, layers and the model settings."""
+    entries = raw.get("models")
+    if not isinstance(entries, list) or not entries:
+        errors.append("models must be a non-empty list of entries like {mechanisms: [rope], layers: 2}")
+        return []
+    valid_names = registry.names()
+    defaults = {k: raw.get(k, v) for k, v in MODEL_DEFAULTS.items()}
+    specs: list[dict[str, Any]] = []
+    for i, entry in enumerate(entries):
+        where = f"models[{i}]"
+        if not isinstance(entry, dict) or "mechanisms" not in entry:
+            errors.append(f"{where}: must be a mapping with a 'mechanisms' list, got {entry!r}")
+            continue
+        bad = sorted(set(entry) - set(MODEL_ENTRY_KEYS))
+        if bad:
+            errors.append(f"{where}: unknown key(s) {', '.join(bad)}; valid keys: {', '.join(MODEL_ENTRY_KEYS)}")
+        mechanisms = _as_list(entry["mechanisms"])
+        names = [m if isinstance(m, str) else m.get("name") if isinstance(m, dict) else None for m in mechanisms]
+        wrong = [repr(n) for n in names if n not in valid_names]
+        if wrong:
+            errors.append(f"{where}: unknown mechanism(s) {', '.join(wrong)}; valid mechanisms: {', '.join(valid_names)}")
+            continue
+        depths = _as_list(entry.get("layers", 2))
+        if not all(_is_int(d) for d in depths):
+            errors.append(f"{where}: layers must be a positive integer or a list of them, got {entry.get('layers')!r}")
+            continue
+        settings = {k: entry.get(k, defaults[k]) for k in MODEL_DEFAULTS}
+        settings["max_len"] = settings["max_len"] or longest
+        if settings["max_len"] < train_length:
+            errors.append(f"{where}: max_len {settings['max_len']} is shorter than the training length {train_length}")
+            continue
+        for depth in depths:
+            specs.append({"where": where, "label": _label(mechanisms, depth, entry.get("label"), len(depths) > 1),
+                          "mechanisms": mechanisms, "layers": depth, **settings})
+    labels = [s["label"] for s in specs]
+    dupes = sorted({lab for lab in labels if labels.count(lab) > 1})
+    if dupes:
+        errors.append(f"models: duplicate row label(s) {', '.join(dupes)}; give the entries distinct labels")
+    return specs
+
+
 def validate_config(raw: dict[str, Any]) -> Sweep:
     """Check a raw config and expand it into cells; raise one :class:`ConfigError` listing every problem."""
     errors: list[str] = []
@@ -214,26 +304,7 @@ def validate_config(raw: dict[str, Any]) -> Sweep:
     if not _is_int(vocab, 3):
         errors.append(f"vocab_size must be an integer >= 3, got {vocab!r}")
         vocab = 64
-    train_lengths = _as_list(raw.get("train_length", 64))
-    if not all(_is_int(n, 2) for n in train_lengths):
-        errors.append(f"train_length must be an integer >= 2 or a list of them, got {raw.get('train_length')!r}")
-        train_lengths = [64]
-    if ("test_lengths" in raw) == ("test_multipliers" in raw):
-        if "test_lengths" in raw:
-            errors.append("give test_lengths or test_multipliers, not both")
-        raw = {**raw, "test_multipliers": [1, 2, 4, 8]}
-    if "test_lengths" in raw:
-        lengths = _as_list(raw["test_lengths"])
-        if not lengths or not all(_is_int(n, 2) for n in lengths):
-            errors.append(f"test_lengths must be a non-empty list of integers >= 2, got {raw['test_lengths']!r}")
-            lengths = train_lengths[:1]
-        test_lengths = {n: sorted(set(lengths)) for n in train_lengths}
-    else:
-        mults = _as_list(raw["test_multipliers"])
-        if not mults or not all(isinstance(m, (int, float)) and not isinstance(m, bool) and m > 0 for m in mults):
-            errors.append(f"test_multipliers must be a non-empty list of positive numbers, got {mults!r}")
-            mults = [1]
-        test_lengths = {n: sorted({max(2, round(m * n)) for m in mults}) for n in train_lengths}
+    train_lengths, test_lengths = _lengths(raw, errors)
     examples = {**EXAMPLE_DEFAULTS, **(raw.get("examples") or {})}
     if set(examples) != set(EXAMPLE_DEFAULTS) or not all(_is_int(v) for v in examples.values()):
         errors.append(f"examples must map train/valid/test to positive integers, got {raw.get('examples')!r}")
@@ -247,66 +318,8 @@ def validate_config(raw: dict[str, Any]) -> Sweep:
     if not all(_is_int(d) for d in widths):
         errors.append(f"d_model must be a positive integer or a list of them, got {raw.get('d_model')!r}")
         widths = [64]
-
-    training = dict(raw.get("training") or {})
-    bad = sorted(set(training) - set(TRAINING_KEYS))
-    if bad:
-        errors.append(f"training: unknown key(s) {', '.join(bad)}; valid keys: {', '.join(TRAINING_KEYS)}")
-        training = {k: v for k, v in training.items() if k in TRAINING_KEYS}
-    lrs = _as_list(training.pop("lr", TrainConfig.lr))
-    try:
-        base = TrainConfig(**training)
-        for v, key in ((base.steps, "steps"), (base.batch_size, "batch_size"), (base.eval_every, "eval_every")):
-            if not _is_int(v):
-                raise TypeError(f"{key} must be a positive integer, got {v!r}")
-        if not all(isinstance(lr, (int, float)) and lr > 0 for lr in lrs):
-            raise TypeError(f"lr must be a positive number or a list of them, got {lrs!r}")
-    except TypeError as e:
-        errors.append(f"training: {e}")
-        base = TrainConfig()
-
-    model_defaults = {k: raw.get(k, v) for k, v in MODEL_DEFAULTS.items()}
-    entries = raw.get("models")
-    if not isinstance(entries, list) or not entries:
-        errors.append("models must be a non-empty list of entries like {mechanisms: [rope], layers: 2}")
-        entries = []
-    try:
-        valid_names = mechanism_names()
-    except ImportError as e:
-        raise ConfigError(f"cannot import posattn.mechanisms: {e}") from None
-    longest = max(max(v) for v in test_lengths.values())
-    specs: list[dict[str, Any]] = []
-    for i, entry in enumerate(entries):
-        where = f"models[{i}]"
-        if not isinstance(entry, dict) or "mechanisms" not in entry:
-            errors.append(f"{where}: must be a mapping with a 'mechanisms' list, got {entry!r}")
-            continue
-        bad = sorted(set(entry) - set(MODEL_ENTRY_KEYS))
-        if bad:
-            errors.append(f"{where}: unknown key(s) {', '.join(bad)}; valid keys: {', '.join(MODEL_ENTRY_KEYS)}")
-        mechanisms = _as_list(entry["mechanisms"])
-        names = [m if isinstance(m, str) else m.get("name") if isinstance(m, dict) else None for m in mechanisms]
-        wrong = [repr(n) for n in names if n not in valid_names]
-        if wrong:
-            errors.append(f"{where}: unknown mechanism(s) {', '.join(wrong)}; valid mechanisms: {', '.join(valid_names)}")
-            continue
-        depths = _as_list(entry.get("layers", 2))
-        if not all(_is_int(d) for d in depths):
-            errors.append(f"{where}: layers must be a positive integer or a list of them, got {entry.get('layers')!r}")
-            continue
-        settings = {k: entry.get(k, model_defaults[k]) for k in MODEL_DEFAULTS}
-        settings["max_len"] = settings["max_len"] or longest
-        if settings["max_len"] < max(train_lengths):
-            errors.append(f"{where}: max_len {settings['max_len']} is shorter than the training length {max(train_lengths)}")
-            continue
-        for depth in depths:
-            specs.append({"where": where, "label": _label(mechanisms, depth, entry.get("label"), len(depths) > 1),
-                          "mechanisms": mechanisms, "layers": depth, **settings})
-    labels = [s["label"] for s in specs]
-    dupes = sorted({lab for lab in labels if labels.count(lab) > 1})
-    if dupes:
-        errors.append(f"models: duplicate row label(s) {', '.join(dupes)}; give the entries distinct labels")
-
+    base, lrs = _training(raw, errors)
+    specs = _model_specs(raw, errors, max(train_lengths), max(max(v) for v in test_lengths.values()))
     for n in train_lengths:
         params = _task_params(task, task_params, n)
         for length in test_lengths[n]:
@@ -321,21 +334,20 @@ def validate_config(raw: dict[str, Any]) -> Sweep:
     cells = [Cell(task=task, task_params=_task_params(task, task_params, n), vocab_size=vocab, train_length=n,
                   examples=examples, data_seed=data_seed, label=s["label"], mechanisms=s["mechanisms"],
                   layers=s["layers"], d_model=d, **{k: s[k] for k in MODEL_DEFAULTS},
-                  training=asdict(replace(base, lr=float(lr), seed=seed)))
+                  training=asdict(replace(base, lr=lr, seed=seed)))
              for n, d, s, lr, seed in product(train_lengths, widths, specs, lrs, seeds)]
+    training = {k: v for k, v in asdict(base).items() if k != "seed"}
     config = {"name": str(raw.get("name", DEFAULT_CONFIG)), "task": task, "task_params": task_params,
-              "vocab_size": vocab, "train_length": train_lengths, "test_lengths": {str(k): v for k, v in test_lengths.items()},
-              "examples": examples, "data_seed": data_seed, "seeds": seeds, "d_model": widths,
+              "vocab_size": vocab, "train_length": train_lengths,
+              "test_lengths": {str(k): v for k, v in test_lengths.items()}, "examples": examples,
+              "data_seed": data_seed, "seeds": seeds, "d_model": widths,
               "models": [{k: v for k, v in s.items() if k != "where"} for s in specs],
-              "training": {**asdict(base), "lr": lrs}}
-    config["training"].pop("seed")
+              "training": {**training, "lr": lrs}}
     return Sweep(name=config["name"], config=config, cells=cells, test_lengths=test_lengths)
 
 
 def _check_models(specs: list[dict[str, Any]], widths: list[int], vocab: int) -> list[str]:
     """Build every (model entry, width) once so that bad options fail now, not mid-sweep."""
-    from posattn.models import build_model
-
     errors = []
     for s, d in product(specs, widths):
         cfg = {"kind": "decoder", "vocab_size": vocab, "d_model": d, "n_layers": s["layers"],
@@ -359,8 +371,6 @@ def _write_json(path: Path, obj: Any) -> None:
 
 def run_cell(cell: Cell, test_lengths: list[int], out: Path, device: str = "auto", progress: bool = True) -> dict:
     """Train (or resume) one cell, evaluate the test lengths it lacks, and return its result record."""
-    from posattn.models import build_model, load, save
-
     folder = out / "cells" / cell.id
     result_path, model_dir = folder / "result.json", folder / "model"
     folder.mkdir(parents=True, exist_ok=True)
@@ -443,8 +453,6 @@ def run_sweep(sweep: Sweep, out: str | Path, workers: int = 1, device: str = "au
                                 disable=not progress, dynamic_ncols=True))
     _select(results)
     _write_json(out / "results.json", {"name": sweep.name, "config": sweep.config, "cells": results})
-    from posattn.tasks.report import write_plots, write_report
-
     write_report(sweep, results, out)
     write_plots(sweep, results, out)
     return results
@@ -455,10 +463,12 @@ def _select(results: list[dict]) -> None:
     groups: dict[tuple, dict[float, list[dict]]] = {}
     for r in results:
         groups.setdefault((r["label"], r["d_model"], r["train_length"]), {}).setdefault(r["lr"], []).append(r)
+
+    def mean_valid(item: tuple[float, list[dict]]) -> float:
+        return statistics.fmean(-1.0 if r["valid_accuracy"] is None else r["valid_accuracy"] for r in item[1])
+
     for by_lr in groups.values():
-        def score(lr: float) -> float:
-            return statistics.fmean(r["valid_accuracy"] if r["valid_accuracy"] is not None else -1.0 for r in by_lr[lr])
-        best = max(by_lr, key=score)
+        best = max(by_lr.items(), key=mean_valid)[0]
         for lr, rs in by_lr.items():
             for r in rs:
                 r["selected"] = lr == best

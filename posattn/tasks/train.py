@@ -134,7 +134,7 @@ def train(model: nn.Module, data: TaskData, cfg: TrainConfig, *, valid: TaskData
     step, history, done, loss_value = 0, [], False, None
     torch.manual_seed(cfg.seed)
     if path is not None and path.exists():
-        state = torch.load(path, map_location=device, weights_only=False)
+        state = torch.load(path, map_location="cpu", weights_only=False)
         if state["config"] != asdict(cfg):
             raise ValueError(f"checkpoint {path} was written with a different training config; "
                              f"delete it or use another folder")

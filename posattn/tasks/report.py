@@ -1,0 +1,120 @@
+"""Tables (``report.md``) and plots (PNG) of a finished ``posattn compare`` sweep."""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import matplotlib
+
+if TYPE_CHECKING:
+    from posattn.tasks.compare import Sweep
+
+
+def _selected(results: list[dict], label: str, d_model: int, train_length: int) -> list[dict]:
+    return [r for r in results if r.get("selected") and r["label"] == label
+            and r["d_model"] == d_model and r["train_length"] == train_length]
+
+
+def mean_accuracy(results: list[dict], label: str, d_model: int, train_length: int, length: int) -> float | None:
+    """Mean test accuracy over seeds of the selected cells; ``None`` where the model could not run."""
+    values = [r["accuracy"].get(str(length)) for r in _selected(results, label, d_model, train_length)]
+    values = [v for v in values if v is not None]
+    return statistics.fmean(values) if values else None
+
+
+def _labels(sweep: Sweep) -> list[str]:
+    return [m["label"] for m in sweep.config["models"]]
+
+
+def _fmt(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.3f}"
+
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header),
+            *("| " + " | ".join(row) + " |" for row in rows), ""]
+
+
+def write_report(sweep: Sweep, results: list[dict], out: Path) -> Path:
+    """Write ``report.md``: accuracy vs test length per (training length, width), and accuracy vs width."""
+    cfg, tr = sweep.config, sweep.config["training"]
+    params = ", ".join(f"{k}={v}" for k, v in cfg["task_params"].items()) or "defaults"
+    lines = [f"# posattn compare: {sweep.name}", "",
+             f"Task `{cfg['task']}` ({params}), vocabulary {cfg['vocab_size']}; "
+             f"{cfg['examples']['train']} training, {cfg['examples']['valid']} validation and up to "
+             f"{cfg['examples']['test']} test examples per length (test examples also in the training set are dropped). "
+             f"Up to {tr['steps']} steps of batch {tr['batch_size']}, AdamW lr {'/'.join(f'{v:g}' for v in tr['lr'])} "
+             f"(best by validation accuracy), warmup {tr['warmup']} + cosine, early stop at validation accuracy "
+             f"{tr['target_accuracy']}; seeds {cfg['seeds']} (mean shown). Accuracy = fraction of scored tokens "
+             f"predicted exactly. `n/a` = the model cannot run that length (reasons below).", ""]
+    reasons: dict[str, str] = {}
+    for n in cfg["train_length"]:
+        lengths = sweep.test_lengths[n]
+        for d in cfg["d_model"]:
+            lines += [f"## Accuracy vs test length (trained at {n}, d_model {d})", ""]
+            header = ["model", "params", "lr", "steps", "train s",
+                      *(f"{m} (train)" if m == n else str(m) for m in lengths)]
+            rows = []
+            for label in _labels(sweep):
+                cells = _selected(results, label, d, n)
+                if not cells:
+                    continue
+                for r in cells:
+                    for m, why in r["not_applicable"].items():
+                        reasons.setdefault(f"{label}: length {m}", why)
+                rows.append([label, f"{cells[0]['parameters']:,}", f"{cells[0]['lr']:g}",
+                             "/".join(str(r["steps"]) for r in cells),
+                             f"{statistics.fmean(r['train_seconds'] for r in cells):.0f}",
+                             *(_fmt(mean_accuracy(results, label, d, n, m)) for m in lengths)])
+            lines += _table(header, rows)
+        lines += [f"## Accuracy vs width (trained and tested at {n})", ""]
+        rows = [[label, *(_fmt(mean_accuracy(results, label, d, n, n)) for d in cfg["d_model"])]
+                for label in _labels(sweep)]
+        lines += _table(["model", *(f"d={d}" for d in cfg["d_model"])], rows)
+    if reasons:
+        lines += ["## Not applicable", ""] + [f"- {k}: {v}" for k, v in sorted(reasons.items())] + [""]
+    path = out / "report.md"
+    path.write_text("\n".join(lines))
+    return path
+
+
+def write_plots(sweep: Sweep, results: list[dict], out: Path) -> list[Path]:
+    """PNG plots: accuracy vs test length (one line per model) and accuracy vs width."""
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cfg, paths = sweep.config, []
+
+    def finish(ax: plt.Axes, title: str, xlabel: str, name: str) -> None:
+        ax.set(title=title, xlabel=xlabel, ylabel="accuracy", ylim=(-0.02, 1.02))
+        ax.minorticks_off()
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+        ax.figure.tight_layout()
+        ax.figure.savefig(out / name, dpi=120)
+        plt.close(ax.figure)
+        paths.append(out / name)
+
+    def nan(v: float | None) -> float:
+        return float("nan") if v is None else v
+
+    for n in cfg["train_length"]:
+        lengths = sweep.test_lengths[n]
+        for d in cfg["d_model"]:
+            _, ax = plt.subplots(figsize=(6, 4))
+            for label in _labels(sweep):
+                ax.plot(lengths, [nan(mean_accuracy(results, label, d, n, m)) for m in lengths], marker="o", label=label)
+            ax.set_xscale("log", base=2)
+            ax.set_xticks(lengths, [str(m) for m in lengths])
+            ax.axvline(n, color="grey", linestyle=":")
+            finish(ax, f"{cfg['task']}: trained at {n}, d_model {d}", "test length", f"accuracy_vs_length_L{n}_d{d}.png")
+        _, ax = plt.subplots(figsize=(6, 4))
+        for label in _labels(sweep):
+            ax.plot(cfg["d_model"], [nan(mean_accuracy(results, label, d, n, n)) for d in cfg["d_model"]],
+                    marker="o", label=label)
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(cfg["d_model"], [str(d) for d in cfg["d_model"]])
+        finish(ax, f"{cfg['task']}: trained and tested at {n}", "d_model", f"accuracy_vs_width_L{n}.png")
+    return paths

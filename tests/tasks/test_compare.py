@@ -1,0 +1,153 @@
+"""``posattn compare``: config validation, the sweep, its outputs, resuming, workers, the CLI."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from posattn import cli
+from posattn.tasks import compare
+from posattn.tasks.compare import ConfigError, builtin_configs, load_config, run_sweep, validate_config
+
+TINY = {
+    "name": "tiny", "task": "mqar", "task_params": {"num_kv_pairs": 2}, "vocab_size": 16, "train_length": 16,
+    "test_multipliers": [1, 2], "max_len": 64, "examples": {"train": 300, "valid": 40, "test": 40}, "d_model": [16, 32],
+    "models": [{"mechanisms": ["cat"], "layers": 1},
+               {"mechanisms": ["absolute"], "layers": 1, "max_len": 16}],
+    "training": {"steps": 12, "batch_size": 16, "lr": [3e-3, 1e-2], "eval_every": 6},
+}
+REQUIRED = {"task", "mechanisms", "layers", "d_model", "train_length", "accuracy"}
+
+
+@pytest.fixture(scope="module")
+def swept(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny sweep run once through the command line."""
+    out = tmp_path_factory.mktemp("sweep")
+    config = out / "tiny.yaml"
+    config.write_text(yaml.safe_dump(TINY))
+    assert cli.main(["compare", str(config), "--out", str(out), "--no-progress"]) == 0
+    return out
+
+
+def test_results_json_has_every_cell(swept: Path) -> None:
+    results = json.loads((swept / "results.json").read_text())
+    cells = results["cells"]
+    assert len(cells) == 2 * 2 * 2   # models x widths x learning rates
+    for cell in cells:
+        assert REQUIRED <= set(cell)
+        assert cell["task"] == "mqar" and cell["train_length"] == 16
+        assert set(cell["accuracy"]) == {"16", "32"}
+        assert 0.0 <= cell["accuracy"]["16"] <= 1.0
+    absolute = [c for c in cells if c["mechanisms"] == ["absolute"]]
+    assert all(c["accuracy"]["32"] is None and "max_len" in c["not_applicable"]["32"] for c in absolute)
+    selected = [c for c in cells if c["selected"]]
+    assert len(selected) == 4   # one learning rate per (model, width)
+
+
+def test_report_and_plots(swept: Path) -> None:
+    report = (swept / "report.md").read_text()
+    for d in (16, 32):
+        assert f"## Accuracy vs test length (trained at 16, d_model {d})" in report
+        assert (swept / f"accuracy_vs_length_L16_d{d}.png").stat().st_size > 1000
+    assert "## Accuracy vs width (trained and tested at 16)" in report
+    assert "| model | params | lr | steps | train s | 16 (train) | 32 |" in report
+    assert "| cat (1L) |" in report and "| absolute (1L) |" in report
+    assert "| n/a |" in report and "## Not applicable" in report
+    assert "| model | d=16 | d=32 |" in report
+    assert (swept / "accuracy_vs_width_L16.png").stat().st_size > 1000
+
+
+def test_finished_cells_are_not_rerun(swept: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a finished cell was trained again")
+
+    monkeypatch.setattr(compare, "train", refuse)
+    before = json.loads((swept / "results.json").read_text())["cells"]
+    # more test lengths: the saved models are only evaluated at the new one
+    results = run_sweep(validate_config({**TINY, "test_multipliers": [1, 2, 3]}), swept, progress=False)
+    assert [r["accuracy"]["16"] for r in results] == [r["accuracy"]["16"] for r in before]
+    assert all("48" in r["accuracy"] for r in results)
+
+
+def test_interrupted_sweep_resumes_only_missing_cells(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    config = {**TINY, "d_model": 16, "training": {**TINY["training"], "lr": 1e-2}}
+    sweep = validate_config(config)
+    run_sweep(sweep, tmp_path, progress=False)
+    first = json.loads((tmp_path / "results.json").read_text())["cells"]
+    (tmp_path / "cells" / sweep.cells[1].id / "result.json").unlink()
+    trained = []
+    real_train = compare.train
+    monkeypatch.setattr(compare, "train", lambda model, *a, **k: trained.append(model) or real_train(model, *a, **k))
+    again = run_sweep(sweep, tmp_path, progress=False)
+    assert len(trained) == 1
+    assert [r["accuracy"] for r in again] == [r["accuracy"] for r in first]   # deterministic retraining
+
+
+def test_workers_give_the_same_results(swept: Path, tmp_path: Path) -> None:
+    config = {**TINY, "d_model": 16, "training": {**TINY["training"], "lr": 1e-2}}
+    results = run_sweep(validate_config(config), tmp_path, workers=2, threads=1, progress=False)
+    serial = {c["id"]: c["accuracy"] for c in json.loads((swept / "results.json").read_text())["cells"]}
+    assert all(serial[r["id"]][n] == r["accuracy"][n] for r in results for n in ("16", "32"))
+
+
+@pytest.mark.parametrize("change,messages", [
+    ({"task": "recall"}, ["task 'recall' is not one of: mqar, mqnar, ar, nar, selective_copy"]),
+    ({"models": [{"mechanisms": ["rotary"]}]}, ["unknown mechanism(s) 'rotary'", "valid mechanisms:", "rope"]),
+    ({"models": [{"mechanisms": [{"name": "tisa", "kernels": 3}]}]}, ["models[0]", "tisa", "valid options"]),
+    ({"optimizer": "sgd", "training": {"epochs": 3}}, ["unknown key(s) optimizer; valid keys:",
+                                                      "training: unknown key(s) epochs; valid keys: steps"]),
+    ({"task_params": {"pairs": 3}}, ["task_params for mqar", "num_kv_pairs, power_a, random_filler, kv_density"]),
+    ({"task": "selective_copy"}, ["task_params for selective_copy must be a mapping with keys from: num_tokens"]),
+    ({"task_params": {"num_kv_pairs": 5}}, ["task mqar at length 16", "too short"]),
+    ({"task_params": {"num_kv_pairs": 8}, "train_length": 64}, ["only 7 exist", "raise vocab_size"]),
+    ({"d_model": 30, "n_heads": 4}, ["not divisible"]),
+    ({"test_lengths": [16], "test_multipliers": [1]}, ["not both"]),
+    ({"models": []}, ["models must be a non-empty list"]),
+])
+def test_bad_config_gives_one_clear_error(change: dict, messages: list[str]) -> None:
+    with pytest.raises(ConfigError) as info:
+        validate_config({**TINY, **change})
+    for message in messages:
+        assert message in str(info.value)
+
+
+def test_bad_config_on_the_command_line(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump({**TINY, "task": "sorting"}))
+    assert cli.main(["compare", str(path), "--out", str(tmp_path / "out")]) == 2
+    assert "valid" not in capsys.readouterr().out
+    assert not (tmp_path / "out").exists()
+    assert cli.main(["compare", "no-such-config"]) == 2
+    assert "built-in configs: " in capsys.readouterr().err
+
+
+def test_help_documents_the_schema(capsys: pytest.CaptureFixture) -> None:
+    with pytest.raises(SystemExit):
+        cli.main(["compare", "--help"])
+    text = capsys.readouterr().out
+    for needle in ("Config schema", "task_params", "test_multipliers", "num_kv_pairs", "selective_copy",
+                   "valid names:", "tisa", "target_accuracy", "--workers", "--out"):
+        assert needle in text
+
+
+def test_builtin_configs_are_valid() -> None:
+    names = builtin_configs()
+    assert "default" in names and len(names) >= 3
+    for name in names:
+        sweep = validate_config(load_config(name))
+        assert sweep.cells and sweep.name == name
+    default = validate_config(load_config(None))
+    labels = {c.label for c in default.cells}
+    assert "cat (1L)" in labels and {"rope (2L)", "alibi (2L)", "t5 (2L)", "tisa (2L)", "diet_rel (2L)"} <= labels
+
+
+def test_selective_copy_sweep_validates() -> None:
+    sweep = validate_config({**TINY, "task": "selective_copy", "task_params": {"num_tokens": 4}})
+    assert {c.task_params["num_tokens"] for c in sweep.cells} == {4}
+
+
+def test_dump_config_prints_yaml(capsys: pytest.CaptureFixture) -> None:
+    assert cli.main(["compare", "--dump-config"]) == 0
+    assert yaml.safe_load(capsys.readouterr().out)["task"] == "mqar"

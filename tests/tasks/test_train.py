@@ -1,0 +1,117 @@
+"""The training loop: learning, determinism, checkpoint/resume, schedule."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from posattn.models import build_model
+from posattn.tasks.generators import generate
+from posattn.tasks.train import CHECKPOINT, TrainConfig, evaluate, train
+
+V, L = 16, 16
+
+
+def tiny(mechanism: str = "cat", layers: int = 1, seed: int = 0) -> nn.Module:
+    torch.manual_seed(seed)
+    return build_model({"kind": "decoder", "vocab_size": V, "d_model": 32, "n_layers": layers, "n_heads": 2,
+                        "d_ff": 0, "max_len": 64, "mechanisms": [mechanism]})
+
+
+def data(split: str = "train", n: int = 2000):
+    return generate("mqar", n, L, V, seed=0, split=split, num_kv_pairs=2)
+
+
+def test_tiny_run_learns_well_above_chance() -> None:
+    """Two pairs, values from 8 tokens: chance is 1/8; one CAT layer gets most queries right."""
+    model = tiny()
+    before = evaluate(model, data("test", 300))
+    result = train(model, data(), TrainConfig(steps=300, batch_size=32, lr=1e-2, eval_every=50,
+                                             target_accuracy=0.95), valid=data("valid", 200), progress=False)
+    after = evaluate(model, data("test", 300))
+    assert before < 0.3 and after > 0.8, (before, after, result.history)
+    assert result.history and result.history[-1]["valid_accuracy"] == result.valid_accuracy
+
+
+def test_early_stop_at_target_accuracy() -> None:
+    result = train(tiny(), data(), TrainConfig(steps=400, batch_size=32, lr=1e-2, eval_every=10,
+                                              target_accuracy=0.5), valid=data("valid", 200), progress=False)
+    assert result.stopped_early and result.steps < 400 and result.valid_accuracy >= 0.5
+
+
+class Interrupt(nn.Module):
+    """Wraps a model and raises KeyboardInterrupt at the given training forward call."""
+
+    def __init__(self, model: nn.Module, at: int) -> None:
+        super().__init__()
+        self.model, self.at, self.calls = model, at, 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.training:
+            self.calls += 1
+            if self.calls == self.at:
+                raise KeyboardInterrupt
+        return self.model(x)
+
+
+def test_resumed_run_ends_bit_identical(tmp_path: Path) -> None:
+    cfg = TrainConfig(steps=30, batch_size=16, lr=3e-3, eval_every=7, seed=4)
+    train_data, valid = data(n=100), data("valid", 50)   # 100 examples: batches wrap across epochs
+    straight = tiny("rope", 2)
+    ref = train(straight, train_data, cfg, valid=valid, progress=False)
+
+    with pytest.raises(KeyboardInterrupt):
+        train(Interrupt(tiny("rope", 2), at=17), train_data, cfg, valid=valid, checkpoint_dir=tmp_path,
+              progress=False)
+    assert torch.load(tmp_path / CHECKPOINT, weights_only=False)["step"] == 14
+    resumed = Interrupt(tiny("rope", 2, seed=99), at=0)   # another init: all must come from the checkpoint
+    out = train(resumed, train_data, cfg, valid=valid, checkpoint_dir=tmp_path, progress=False)
+
+    assert out.steps == ref.steps == 30 and out.history == ref.history
+    for (name, a), (_, b) in zip(straight.state_dict().items(), resumed.model.state_dict().items()):
+        assert torch.equal(a, b), name
+    again = train(Interrupt(tiny("rope", 2), at=1), train_data, cfg, valid=valid, checkpoint_dir=tmp_path, progress=False)
+    assert again.steps == 30 and again.history == ref.history   # a finished run is not trained again
+
+
+def test_checkpoint_of_another_config_is_refused(tmp_path: Path) -> None:
+    cfg = TrainConfig(steps=2, batch_size=8, eval_every=1)
+    train(tiny(), data(n=50), cfg, checkpoint_dir=tmp_path, progress=False)
+    with pytest.raises(ValueError, match="different training config"):
+        train(tiny(), data(n=50), TrainConfig(steps=3, batch_size=8), checkpoint_dir=tmp_path, progress=False)
+
+
+def test_warmup_then_cosine_schedule() -> None:
+    cfg = TrainConfig(steps=100, lr=1.0, warmup=0.1, min_lr_ratio=0.1)
+    assert cfg.warmup_steps == 10
+    assert cfg.lr_at(0) == pytest.approx(0.1) and cfg.lr_at(9) == pytest.approx(1.0)
+    assert cfg.lr_at(10) == pytest.approx(1.0) and cfg.lr_at(55) == pytest.approx(0.55)
+    assert cfg.lr_at(99) > 0.1 and cfg.lr_at(100) == pytest.approx(0.1)
+    assert TrainConfig(steps=100, warmup=5).warmup_steps == 5
+
+
+def test_divergence_is_reported() -> None:
+    class Broken(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = nn.Parameter(torch.zeros(1))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.full((*x.shape, V), float("nan")) * self.w
+
+    with pytest.raises(FloatingPointError, match="lower the learning rate"):
+        train(Broken(), data(n=20), TrainConfig(steps=3, batch_size=4), progress=False)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_run_resumes_from_a_checkpoint(tmp_path: Path) -> None:
+    cfg = TrainConfig(steps=10, batch_size=8, eval_every=5)
+    model = tiny()
+    with pytest.raises(KeyboardInterrupt):
+        train(Interrupt(model, at=8), data(n=64), cfg, checkpoint_dir=tmp_path, device="cuda", progress=False)
+    resumed = Interrupt(tiny(), at=0)
+    out = train(resumed, data(n=64), cfg, valid=data("valid", 32), checkpoint_dir=tmp_path, device="cuda",
+                progress=False)
+    assert out.steps == 10 and next(resumed.parameters()).is_cuda
