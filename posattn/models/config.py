@@ -13,6 +13,7 @@ class ModelConfig:
 
     ``mechanisms``: names or ``{"name": ..., **options}`` dicts, e.g. ``["cat", "tisa"]``.
     ``d_ff = 0`` builds blocks with no MLP (Zoology's synthetic-task models).
+    ``init_std``: None keeps PyTorch's default init of linear maps; 0.02 is GPT-2's.
     """
 
     vocab_size: int = 1000
@@ -28,6 +29,7 @@ class ModelConfig:
     n_classes: int = 0
     bias: bool = True
     tie_embeddings: bool = True
+    init_std: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "d_model", "n_layers", "n_heads", "max_len"):

@@ -19,12 +19,16 @@ from ..mechanisms import Context, Dims, Mechanism, build
 from .config import ModelConfig
 
 
-def init_linear(module: nn.Module) -> None:
-    """GPT-2 / Zoology initialisation: every linear map N(0, 0.02²) with zero bias."""
-    if isinstance(module, nn.Linear):
-        nn.init.normal_(module.weight, std=0.02)
-        if module.bias is not None:
-            nn.init.zeros_(module.bias)
+def init_linear(model: nn.Module, std: float | None) -> None:
+    """With ``std`` (GPT-2 / Zoology: 0.02), every linear map N(0, std²) with zero bias;
+    with None, PyTorch's default initialisation stays."""
+    if std is None:
+        return
+    for module in model.modules():
+        if isinstance(module, nn.Linear):
+            nn.init.normal_(module.weight, std=std)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
 
 
 class Block(nn.Module):
@@ -152,7 +156,7 @@ class Decoder(Transformer):
         super().__init__(cfg)
         if not cfg.tie_embeddings:
             self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
-        self.apply(init_linear)
+        init_linear(self, cfg.init_std)
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None,
                 positions: Tensor | None = None) -> Tensor:
@@ -175,7 +179,7 @@ class Encoder(Transformer):
         if cfg.n_classes:
             self.pooler = nn.Sequential(nn.Linear(d, d), nn.Tanh())
             self.classifier = nn.Linear(d, cfg.n_classes)
-        self.apply(init_linear)
+        init_linear(self, cfg.init_std)
 
     def forward(self, input_ids: Tensor, segment_ids: Tensor | None = None,
                 attention_mask: Tensor | None = None, positions: Tensor | None = None) -> Tensor:

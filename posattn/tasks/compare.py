@@ -34,7 +34,8 @@ from posattn.tasks.report import write_plots, write_report
 from posattn.tasks.train import CHECKPOINT, TrainConfig, evaluate, resolve_device, train
 
 DEFAULT_CONFIG = "default"
-MODEL_DEFAULTS: dict[str, Any] = {"n_heads": 2, "d_ff": 0, "max_len": None, "dropout": 0.0, "attn_path": "fast"}
+MODEL_DEFAULTS: dict[str, Any] = {"n_heads": 2, "d_ff": 0, "max_len": None, "dropout": 0.0, "attn_path": "fast",
+                                  "init_std": None}
 MODEL_ENTRY_KEYS = ("mechanisms", "layers", "label", *MODEL_DEFAULTS)
 EXAMPLE_DEFAULTS = {"train": 20000, "valid": 500, "test": 500}
 TOP_KEYS = ("name", "task", "task_params", "vocab_size", "train_length", "test_lengths", "test_multipliers",
@@ -60,12 +61,13 @@ Config schema (YAML; every key but `models` has a default):
   d_model: int | [int]       64; widths to sweep
   n_heads: 2   d_ff: 0 (no MLP)   max_len: null (= longest test length)   dropout: 0.0
   attn_path: fast | reference
+  init_std: null             null: PyTorch's default init of linear maps; 0.02: GPT-2/Zoology
   models:                    list of model entries, each
     - mechanisms: [name or {{name: ..., option: value}}]
 {mechanisms}
       layers: int | [int]    depth(s), default 2
       label: str             optional row name (default: mechanism names and depth)
-      n_heads/d_ff/max_len/dropout/attn_path: per-model overrides
+      n_heads/d_ff/max_len/dropout/attn_path/init_std: per-model overrides
   training:                  defaults:
 {training}
     lr may be a list: each value is a cell and the report keeps, per model, the one with
@@ -145,6 +147,7 @@ class Cell:
     max_len: int
     dropout: float
     attn_path: str
+    init_std: float | None
     training: dict[str, Any]
 
     @property
@@ -155,8 +158,7 @@ class Cell:
     def model_config(self) -> dict[str, Any]:
         """The ``build_model`` dict of this cell's decoder."""
         return {"kind": "decoder", "vocab_size": self.vocab_size, "d_model": self.d_model, "n_layers": self.layers,
-                "n_heads": self.n_heads, "d_ff": self.d_ff, "max_len": self.max_len, "mechanisms": self.mechanisms,
-                "dropout": self.dropout, "attn_path": self.attn_path}
+                "mechanisms": self.mechanisms, **{k: getattr(self, k) for k in MODEL_DEFAULTS}}
 
     def data(self, split: str, length: int, n: int) -> Any:
         return generate(self.task, n, length, self.vocab_size, self.data_seed, split, **self.task_params)

@@ -132,3 +132,17 @@ def test_encoder_attention_paths_agree_after_training_step():
         m.mlm_logits(run(m, ids)).logsumexp(-1).sum().backward()
         opt.step()
     torch.testing.assert_close(run(ref, ids), run(fast, ids), rtol=1e-10, atol=1e-10)
+
+
+def test_init_std_sets_every_linear_map_and_none_keeps_pytorch_default():
+    def linears(init_std):
+        torch.manual_seed(0)
+        m = Decoder(ModelConfig(vocab_size=50, d_model=64, n_heads=4, n_layers=2, init_std=init_std))
+        return [mod for mod in m.modules() if isinstance(mod, torch.nn.Linear)]
+
+    for lin in linears(0.02):
+        assert abs(lin.weight.std().item() - 0.02) < 0.004
+        assert lin.bias is None or not lin.bias.any()
+    default = linears(None)
+    assert default[0].weight.abs().max() > 0.1  # kaiming-uniform bound 1/sqrt(64) = 0.125
+    assert any(lin.bias is not None and lin.bias.any() for lin in default)
