@@ -1,28 +1,92 @@
 """The fast path: the same function as :mod:`.reference`, computed per term structure.
 
-- :class:`LowRank` terms fold exactly into extra q/k dimensions: q' = [q/√d_h, u], k' = [k, v],
-  so no n×n bias exists and SDPA keeps its fused kernel (v is zero-padded to the same width,
-  which the CPU flash kernel needs).
-- A :class:`Toeplitz` term with a ``causal_form`` uses that low-rank form under a causal mask.
-- :class:`QueryRelative` terms gather q·Wᵀ ([b, h, n, 2w+1]) instead of building Shaw's
-  n×n×d tensor.
-- What remains is summed into one bias handed to ``scaled_dot_product_attention``; with no bias
-  and no padding the causal case runs with ``is_causal`` (no mask tensor at all).
+Every algorithm here is exact (equal to the reference path in outputs and gradients, tested)
+and none ever uses more memory than the reference path. :func:`plan` picks one per call from
+the term structures, the device and the length, never from a mechanism's name:
 
-Never more memory than the reference path.
+- ``sdpa``: no score term beyond :class:`LowRank` ones. Those fold exactly into extra q/k
+  dimensions, q' = [q/√d_h, u], k' = [k, v] (v zero-padded to the same width, which the CPU
+  flash kernel needs; the width is rounded up to a multiple of 8), so SDPA keeps its fused
+  kernel. A :class:`Toeplitz` term with a ``causal_form`` uses that low-rank form under a
+  causal mask. With no padding the causal case runs with ``is_causal`` (no mask tensor).
+- ``dense``: short inputs (n ≤ ``Policy.dense_max_n``), non-CPU devices without FlexAttention,
+  and dropout: every other term summed into one bias handed to SDPA (query-relative terms
+  gathered from q·Wᵀ, never Shaw's n×n×d tensor). Position-only biases that need no gradient
+  (ALiBi; any table, and wide low-rank terms such as DIET-ABS's P_Q P_Kᵀ, at inference) come
+  from a content-checked cache (:mod:`.cache`): built once per length, reused by every layer
+  and batch.
+- ``banded`` (CPU): every term is constant outside a window ±w, 2w+1 ≤ ``band_fraction``·n
+  (clipped tables, query/key-relative terms): :mod:`.banded`, linear memory. Chosen for
+  query/key-relative terms, and for clipped tables that need a gradient at n ≥ ``band_min_n``.
+- ``flash_bias`` (CPU): everything else at n > ``dense_max_n`` (full Toeplitz tables, dense
+  terms; and tables at inference, where its forward is the fused kernel with a bias *view*):
+  :mod:`.flash_bias`, linear memory beyond the terms themselves.
+
+The thresholds are CPU measurements (``posattn bench``; 2 threads, head dim 64): the fused
+kernel's causal blocks waste work below n ≈ 2048, which the banded pieces pay twice.
+- ``flex`` (CUDA): FlexAttention with the terms inside the kernel (:mod:`.flex`).
 """
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Iterator, Literal
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from .banded import BandGeometry, banded_attention
+from .cache import POSITION_CACHE
+from .flash_bias import BiasGeometry, ChunkFn, flash_bias_attention, relative_chunk
 from .masking import allowed_mask
-from .terms import LowRank, QueryRelative, Term, Toeplitz, relative_index
+from .terms import Dense, LowRank, QueryRelative, Term, Toeplitz, relative_index
+
+Path = Literal["sdpa", "dense", "banded", "flash_bias", "flex"]
 
 
+@dataclass(frozen=True)
+class Policy:
+    """How :func:`attend` chooses and sizes its algorithms (see :func:`policy_for`)."""
+
+    dense_max_n: int = 512  # at or below: one dense bias into SDPA
+    band_fraction: float = 0.25  # banded only when the band 2w + 1 is at most this fraction of n
+    band_min_n: int = 4096  # ... and, for Toeplitz-only terms that need a gradient, n this long
+    band_chunk: int | None = None  # query rows per band block; None: max(64, 2w)
+    flash_chunk: int = 1024  # query rows per fused flash call (flash_bias)
+    grad_chunk: int = 256  # query rows per explicit backward step (flash_bias)
+    width_multiple: int = 8  # folded q/k/v widths are zero-padded to a multiple of this
+    low_rank_dense_min: int = 16  # inference: a cached dense low-rank bias beats a fold this wide
+    dense_cache_bytes: int = 1 << 26  # ... while the [h, n, n] bias is at most this big
+    use_flex: bool = True  # CUDA: FlexAttention when torch provides it
+    force: Path | None = None  # tests and benchmarks: take this path whenever it applies
+
+
+CPU_POLICY = Policy()
+OTHER_POLICY = Policy(dense_max_n=1 << 30)
+_OVERRIDE: list[Policy] = []
+
+
+def policy_for(device: torch.device) -> Policy:
+    """Defaults per device: the linear-memory CPU paths exist on CPU only; elsewhere the dense
+    bias (or FlexAttention on CUDA). Inside :func:`using`, that policy instead."""
+    if _OVERRIDE:
+        return _OVERRIDE[-1]
+    return CPU_POLICY if device.type == "cpu" else OTHER_POLICY
+
+
+@contextmanager
+def using(policy: Policy) -> Iterator[Policy]:
+    """Make ``policy`` the default of every :func:`attend` call in this block (tests, benchmarks)."""
+    _OVERRIDE.append(policy)
+    try:
+        yield policy
+    finally:
+        _OVERRIDE.pop()
+
+
+# -- pieces shared by several paths -----------------------------------------------------------
 def query_relative_bias(t: QueryRelative, n: int) -> Tensor:
     """[b, h, n, n] from the [b, h, n, 2w+1] products with the relative embeddings."""
     w = t.weight if t.weight.dim() == 3 else t.weight.unsqueeze(0)  # [h|1, 2w+1, d]
@@ -34,49 +98,293 @@ def query_relative_bias(t: QueryRelative, n: int) -> Tensor:
     return prod.gather(-1, idx.expand(*prod.shape[:2], n, n))
 
 
-def fold_low_rank(q: Tensor, k: Tensor, v: Tensor, terms: list[LowRank], scale: float) -> tuple[Tensor, Tensor, Tensor]:
-    """Append each u to q (after scaling q) and v to k; zero-pad v to the new width."""
+def _round_up(x: int, m: int) -> int:
+    return -(-x // m) * m
+
+
+def fold_low_rank(q: Tensor, k: Tensor, v: Tensor, terms: list[LowRank], scale: float,
+                  multiple: int = 1) -> tuple[Tensor, Tensor, Tensor]:
+    """q' = [q·scale, u…], k' = [k, v…], zero-padded to a multiple of ``multiple`` and at least
+    v's width; v zero-padded to the same width. q'·k' = scale·q·k + Σ u·v."""
     b, h, n, _ = q.shape
     qs, ks = [q * scale], [k]
     for t in terms:
         qs.append(t.u.expand(b, h, n, -1).to(q.dtype))
         ks.append(t.v.expand(b, h, n, -1).to(k.dtype))
     q2, k2 = torch.cat(qs, -1), torch.cat(ks, -1)
-    return q2, k2, F.pad(v, (0, q2.shape[-1] - v.shape[-1]))
+    width = _round_up(max(q2.shape[-1], v.shape[-1]), multiple)
+    pad = width - q2.shape[-1]
+    if pad:
+        q2, k2 = F.pad(q2, (0, pad)), F.pad(k2, (0, pad))
+    return q2, k2, F.pad(v, (0, width - v.shape[-1]))
 
 
+def _batch_free(t: Tensor) -> bool:
+    """True when every batch row of t is the same (positions alone, not tokens, decide it)."""
+    return t.shape[0] == 1 or bool(torch.equal(t, t[:1].expand_as(t)))
+
+
+def _position_only(low: list[LowRank], rest: list[Term]) -> bool:
+    """True when every term depends on positions alone (same for every batch row, no q or k)."""
+    return (all(isinstance(t, (Toeplitz, Dense, LowRank)) for t in rest)
+            and all(_batch_free(t.bias) for t in rest if isinstance(t, Dense))
+            and all(_batch_free(t.u) and _batch_free(t.v) for t in low))
+
+
+def _first_row(t: Term) -> Term:
+    """A position-only term with its batch dimension reduced to 1."""
+    if isinstance(t, LowRank):
+        return LowRank(t.u[:1], t.v[:1])
+    if isinstance(t, Dense) and t.bias.dim() == 4:
+        return Dense(t.bias[:1])
+    return t
+
+
+def _term_tensors(terms: list[Term]) -> list[Tensor]:
+    out: list[Tensor] = []
+    for t in terms:
+        if isinstance(t, Toeplitz):
+            out.append(t.table)
+        elif isinstance(t, LowRank):
+            out += [t.u, t.v]
+        elif isinstance(t, Dense):
+            out.append(t.bias)
+        elif isinstance(t, QueryRelative):
+            out += [t.vec, t.weight]
+    return out
+
+
+def _dense_bias(terms: list[Term], n: int) -> Tensor:
+    total: Tensor | None = None
+    for t in terms:
+        if isinstance(t, QueryRelative):
+            part = query_relative_bias(t, n)
+        elif isinstance(t, LowRank):
+            part = (t.u @ t.v.transpose(-1, -2))
+        else:
+            part = t.dense(n)
+        total = part if total is None else total + part
+    assert total is not None
+    return total if total.dim() == 4 else total.unsqueeze(0)
+
+
+# -- planning ---------------------------------------------------------------------------------
+def _window(rest: list[Term]) -> int | None:
+    """The common window of ``rest`` if every term is constant outside one, else None."""
+    w = 0
+    for t in rest:
+        if isinstance(t, QueryRelative) or (isinstance(t, Toeplitz) and t.window is not None):
+            w = max(w, t.window)  # type: ignore[arg-type]
+        else:
+            return None
+    return w
+
+
+def _needs_grad(tensors: list[Tensor]) -> bool:
+    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+
+
+def plan(q: Tensor, terms: list[Term], causal: bool, dropout: float = 0.0, training: bool = False,
+         policy: Policy | None = None) -> Path:
+    """The algorithm :func:`attend` uses for these arguments."""
+    policy = policy or policy_for(q.device)
+    terms = _resolve(terms, causal)
+    rest = [t for t in terms if not isinstance(t, LowRank)]
+    low = [t for t in terms if isinstance(t, LowRank)]
+    n = q.shape[-2]
+    if training and dropout > 0:
+        return "dense" if terms else "sdpa"
+    if not rest:
+        if low and _dense_low_rank(q, low, policy):
+            return "dense"
+        return "sdpa"
+    if q.device.type == "cuda" and policy.use_flex and _flex_available():
+        return "flex"
+    if q.device.type != "cpu":
+        return "dense"
+    w = _window(rest)
+    banded_ok = w is not None and 2 * w + 1 <= policy.band_fraction * n and n >= w + 2
+    if policy.force in ("dense", "flash_bias"):
+        return policy.force
+    if policy.force == "banded" and banded_ok:
+        return "banded"
+    if n <= policy.dense_max_n:
+        return "dense"
+    relative = any(isinstance(t, QueryRelative) for t in rest)
+    grads = _needs_grad(_term_tensors(rest))
+    if banded_ok and (relative or (grads and n >= policy.band_min_n)):
+        return "banded"
+    return "flash_bias"
+
+
+def _dense_low_rank(q: Tensor, low: list[LowRank], policy: Policy) -> bool:
+    """Inference with wide position-only low-rank terms: a cached dense bias beats the fold."""
+    if _needs_grad(_term_tensors(list(low))) or not _position_only(low, []):
+        return False
+    n, h = q.shape[-2], q.shape[1]
+    rank = sum(t.u.shape[-1] for t in low)
+    return rank >= policy.low_rank_dense_min and h * n * n * q.element_size() <= policy.dense_cache_bytes
+
+
+def _resolve(terms: list[Term], causal: bool) -> list[Term]:
+    """Toeplitz terms with an equivalent causal (low-rank) form use it under a causal mask."""
+    return [t.causal_form if causal and isinstance(t, Toeplitz) and t.causal_form is not None else t
+            for t in terms]
+
+
+def _flex_available() -> bool:
+    try:
+        from torch.nn.attention import flex_attention  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+# -- the paths ---------------------------------------------------------------------------------
 def attend(
     q: Tensor, k: Tensor, v: Tensor, terms: list[Term], keep: Tensor | None, causal: bool,
-    dropout: float = 0.0, training: bool = False,
+    dropout: float = 0.0, training: bool = False, *, policy: Policy | None = None,
 ) -> Tensor:
     """Attention output [b, h, n, d_v], equal to :func:`posattn.attention.reference.attend`."""
-    n, d_v = q.shape[-2], v.shape[-1]
-    low: list[LowRank] = []
-    bias: Tensor | None = None
-    for t in terms:
-        if isinstance(t, Toeplitz) and causal and t.causal_form is not None:
-            t = t.causal_form
-        if isinstance(t, LowRank):
-            low.append(t)
-            continue
-        dense = query_relative_bias(t, n) if isinstance(t, QueryRelative) else t.dense(n)
-        bias = dense if bias is None else bias + dense
+    policy = policy or policy_for(q.device)
+    path = plan(q, terms, causal, dropout, training, policy)
+    terms = _resolve(terms, causal)
+    low = [t for t in terms if isinstance(t, LowRank)]
+    rest = [t for t in terms if not isinstance(t, LowRank)]
     scale = 1.0 / math.sqrt(q.shape[-1])
-    if low:
-        q, k, v = fold_low_rank(q, k, v, low, scale)
-        scale = 1.0
+    d_v = v.shape[-1]
     p = dropout if training else 0.0
-    if bias is None and keep is None:
-        o = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=causal, scale=scale)
-        return o[..., :d_v]
-    ok = allowed_mask(n, keep, causal, q.device)
-    if bias is None:
-        mask: Tensor | None = ok
+    if path == "sdpa":
+        return _sdpa(q, k, v, low, keep, causal, scale, p, policy)
+    if path == "dense":
+        return _dense(q, k, v, low, rest, keep, causal, scale, p, policy)
+    if path == "flex":
+        from .flex import flex_attend
+
+        return flex_attend(q, k, v, low, rest, keep, causal, scale)
+    q2, k2, v2 = fold_low_rank(q, k, v, low, scale, policy.width_multiple)
+    if path == "banded":
+        o = _banded(q2, k2, v2, rest, keep, causal, scale, policy)
     else:
-        mask = bias.to(q.dtype)
-        if ok is not None:
-            mask = mask.masked_fill(~ok, float("-inf"))
-        if mask.dim() == 3:
-            mask = mask.unsqueeze(0)
-    o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, scale=scale)
+        o = _flash_bias(q2, k2, v2, rest, keep, causal, policy)
     return o[..., :d_v]
+
+
+def _sdpa(q: Tensor, k: Tensor, v: Tensor, low: list[LowRank], keep: Tensor | None, causal: bool,
+          scale: float, p: float, policy: Policy) -> Tensor:
+    d_v = v.shape[-1]
+    if low:
+        q, k, v = fold_low_rank(q, k, v, low, scale, policy.width_multiple)
+        scale = 1.0
+    if keep is None:
+        o = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=causal, scale=scale)
+    else:
+        mask = allowed_mask(q.shape[-2], keep, causal, q.device)
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, scale=scale)
+    return o[..., :d_v]
+
+
+def _dense(q: Tensor, k: Tensor, v: Tensor, low: list[LowRank], rest: list[Term], keep: Tensor | None,
+           causal: bool, scale: float, p: float, policy: Policy) -> Tensor:
+    """One bias into SDPA; cached across layers and batches when it is position-only and needs
+    no gradient. Low-rank terms fold, unless they are part of such a cached bias."""
+    n, d_v = q.shape[-2], v.shape[-1]
+    dense_terms: list[Term] = list(rest)
+    cache = not _needs_grad(_term_tensors(low + rest)) and _position_only(low, rest)
+    if cache:
+        dense_terms = [_first_row(t) for t in dense_terms + low]
+        low = []
+    if low:
+        q, k, v = fold_low_rank(q, k, v, low, scale, policy.width_multiple)
+        scale = 1.0
+    parts = _term_tensors(dense_terms)
+    if cache:
+        bias = POSITION_CACHE.get(n, parts, lambda: _dense_bias(dense_terms, n).to(q.dtype))
+    else:
+        bias = _dense_bias(dense_terms, n).to(q.dtype)
+    ok = allowed_mask(n, keep, causal, q.device)
+    if ok is not None:
+        bias = bias.masked_fill(~ok, float("-inf"))
+    o = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=p, scale=scale)
+    return o[..., :d_v]
+
+
+def _pad_to(x: Tensor, width: int) -> Tensor:
+    return F.pad(x, (0, width - x.shape[-1]))
+
+
+def _as_heads(weight: Tensor) -> Tensor:
+    """QueryRelative weight as [h|1, 2w+1, d]."""
+    return weight if weight.dim() == 3 else weight.unsqueeze(0)
+
+
+def _add(a: Tensor | None, b: Tensor) -> Tensor:
+    return b if a is None else a + b
+
+
+def _banded(q: Tensor, k: Tensor, v: Tensor, rest: list[Term], keep: Tensor | None, causal: bool,
+            scale: float, policy: Policy) -> Tensor:
+    """Map the terms onto the band / left / right form of :mod:`.banded` (q, k already folded,
+    q scaled): band bias B[i, r], per-head constants c, query shifts α and key shifts β."""
+    n, width = q.shape[-2], q.shape[-1]
+    w = _window(rest)
+    assert w is not None
+    bias = cl = cr = al = ar = bl = br = None
+    tables = [t.table for t in rest if isinstance(t, Toeplitz)]
+    if tables:
+        table = tables[0]
+        for t in tables[1:]:
+            table = table + t
+        bias = table[:, n - 1 - w:n + w][None, :, None, :]
+        cl, cr = table[None, :, n - 2 - w], table[None, :, n + w]
+    r = torch.arange(-w, w + 1, device=q.device)
+    for t in rest:
+        if not isinstance(t, QueryRelative):
+            continue
+        wt, W = t.window, _as_heads(t.weight)
+        if t.key_side:  # t_ij = scale·k_j·W[clip(i − j)]; in the band i − j = −r
+            kw = torch.einsum("bhjd,hrd->bhjr", t.vec, W[:, (-r).clamp(-wt, wt) + wt]) * t.scale
+            kw = F.pad(kw, (0, 0, w, w)).contiguous()  # rows j + w
+            sb, sh, sj, _ = kw.stride()
+            bias = _add(bias, kw.as_strided((*kw.shape[:2], n, 2 * w + 1), (sb, sh, sj, sj + 1)))
+            al = _add(al, _pad_to(W[None, :, None, 2 * wt] * t.scale, width))
+            ar = _add(ar, _pad_to(W[None, :, None, 0] * t.scale, width))
+        else:  # t_ij = scale·q_i·W[clip(j − i)]
+            bias = _add(bias, torch.einsum("bhid,hrd->bhir", t.vec, W[:, r.clamp(-wt, wt) + wt]) * t.scale)
+            bl = _add(bl, _pad_to(W[None, :, None, 0] * (t.scale / scale), width))
+            br = _add(br, _pad_to(W[None, :, None, 2 * wt] * (t.scale / scale), width))
+    if al is not None and bl is not None:  # (q + α)·(k + β) adds α·β: take it back out
+        cl = _add(cl, -(al * bl).sum(-1)[..., 0])
+        if not causal:
+            cr = _add(cr, -(ar * br).sum(-1)[..., 0])  # type: ignore[operator]
+    if causal:
+        cr = ar = br = None
+    chunk = policy.band_chunk or max(64, 2 * w)
+    geo = BandGeometry(w, causal, keep, max(chunk, 2 * w, 1))
+    return banded_attention(q, k, v, geo, bias, cl, cr, al, ar, bl, br)
+
+
+def _dense_chunk(inputs: list[Tensor], i0: int, i1: int, j0: int) -> Tensor:
+    (bias,) = inputs
+    bias = bias if bias.dim() == 4 else bias.unsqueeze(0)
+    return bias[..., i0:i1, :].flip(-1)[..., j0:]
+
+
+def _flash_bias(q: Tensor, k: Tensor, v: Tensor, rest: list[Term], keep: Tensor | None, causal: bool,
+                policy: Policy) -> Tensor:
+    n = q.shape[-2]
+    table: Tensor | None = None
+    extras: list[tuple[ChunkFn, int]] = []
+    inputs: list[Tensor] = []
+    for t in rest:
+        if isinstance(t, Toeplitz):
+            table = t.table if table is None else table + t.table
+        elif isinstance(t, QueryRelative):
+            extras.append((relative_chunk(n, t.window, t.scale, t.key_side), 2))
+            inputs += [t.vec, t.weight]
+        else:
+            extras.append((_dense_chunk, 1))
+            inputs.append(t.dense(n))
+    geo = BiasGeometry(causal, keep, policy.flash_chunk, policy.grad_chunk, extras=tuple(extras))
+    return flash_bias_attention(q, k, v, geo, table, inputs)
+

@@ -30,7 +30,9 @@ class Term:
 class Toeplitz(Term):
     """t_ij = table[h, j − i + n − 1]: one value per head and offset (T5, TISA, DIET-REL, ...).
 
-    ``window``: the table is constant for r < −window and for r > window (clipped mechanisms).
+    ``window``: the table is constant for r < −window and for r > window (clipped mechanisms):
+    those entries are one value with one parameterisation (e.g. clipped copies of the edge
+    weight), so the fast path may hand their summed gradient to the entries at r = ∓(window+1).
     ``causal_form``: an equivalent low-rank term that differs from this one by a per-row
     constant on the causal (j ≤ i) side, so it gives the same softmax under a causal mask.
     """

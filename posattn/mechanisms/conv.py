@@ -4,27 +4,75 @@
 
 with p = K − 1 for a causal filter (only the past and present) and p = (K − 1)/2 for a
 centered one (K odd). ``weight`` is [C, K], or [K] for one filter shared by all channels.
+
+Three exact algorithms, picked by kernel length (:func:`conv_method`; CPU timings in
+``posattn bench --conv``): shift-and-add in [b, n, C] for the shortest kernels (no transposes),
+grouped ``Conv1d`` for short and medium ones, FFT for long filters (O(n log n) instead of
+O(n·K); equal to the direct sum up to floating-point rounding).
 """
 from __future__ import annotations
 
+from typing import Callable, Literal
+
+import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from ..errors import PositionError
 
+Method = Literal["shift", "conv1d", "fft"]
+SHIFT_MAX = 4  # kernels up to this length: shift-and-add
+FFT_MIN = 112  # kernels from this length: FFT
+
+
+def conv_method(k: int) -> Method:
+    """The fastest exact algorithm for a kernel of length ``k``."""
+    if k <= SHIFT_MAX:
+        return "shift"
+    return "fft" if k >= FFT_MIN else "conv1d"
+
+
+def conv_shift(x: Tensor, w: Tensor, left: int) -> Tensor:
+    """Σ_m w[:, m] · x[t + m − left] as K shifted multiply-adds ([b, n, C] throughout)."""
+    n, k = x.shape[1], w.shape[-1]
+    xp = F.pad(x, (0, 0, left, k - 1 - left))
+    y = xp[:, :n] * w[:, 0]
+    for m in range(1, k):
+        y = torch.addcmul(y, xp[:, m:m + n], w[:, m])
+    return y
+
+
+def conv_direct(x: Tensor, w: Tensor, left: int) -> Tensor:
+    """The same with a grouped ``Conv1d`` (one group per channel)."""
+    c, k = w.shape
+    xt = F.pad(x.transpose(1, 2), (left, k - 1 - left))
+    return F.conv1d(xt, w.unsqueeze(1), groups=c).transpose(1, 2)
+
+
+def conv_fft(x: Tensor, w: Tensor, left: int) -> Tensor:
+    """The same by FFT: y = (x ∗ flip(w))[t + K − 1 − left], zero-padded so nothing wraps."""
+    n, k = x.shape[1], w.shape[-1]
+    size = n + k - 1
+    size = 1 << (size - 1).bit_length() if size & (size - 1) else size
+    spec = torch.fft.rfft(x, size, dim=1) * torch.fft.rfft(w.flip(-1).T, size, dim=0)
+    start = k - 1 - left
+    return torch.fft.irfft(spec, size, dim=1)[:, start:start + n]
+
+
+METHODS: dict[str, Callable[[Tensor, Tensor, int], Tensor]] = {
+    "shift": conv_shift, "conv1d": conv_direct, "fft": conv_fft}
+
 
 def depthwise_conv1d(x: Tensor, weight: Tensor, causal: bool, keep: Tensor | None = None) -> Tensor:
     """Convolve x [b, n, C] along n; padded positions (keep False) are zeroed first."""
-    b, n, c = x.shape
-    k = weight.shape[-1]
+    c, k = x.shape[-1], weight.shape[-1]
     if not causal and k % 2 == 0:
         raise PositionError(f"a centered convolution needs an odd kernel size, got {k}")
     if keep is not None:
         x = x * keep[..., None].to(x.dtype)
-    w = weight.expand(c, k) if weight.dim() == 1 else weight
+    w = (weight.expand(c, k) if weight.dim() == 1 else weight).to(x.dtype)
     left = k - 1 if causal else (k - 1) // 2
-    xt = F.pad(x.transpose(1, 2), (left, k - 1 - left))
-    return F.conv1d(xt, w.unsqueeze(1).to(x.dtype), groups=c).transpose(1, 2)
+    return METHODS[conv_method(k)](x, w, left)
 
 
 def heads_to_channels(t: Tensor) -> Tensor:

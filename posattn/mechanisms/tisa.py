@@ -30,6 +30,17 @@ def tisa_function(r: Tensor, a: Tensor, b: Tensor, c: Tensor) -> Tensor:
     return (a[..., None] * torch.exp(-b.abs()[..., None] * d * d)).sum(-2)
 
 
+def tisa_window(r: Tensor, b: Tensor, c: Tensor) -> int | None:
+    """The largest |r| at which some Gaussian exp(−|b|(r − c)²) is not exactly 0 in floating
+    point, or None if none underflows. Beyond it f_θ and all its gradients are exactly 0, so the
+    table is clipped there (a ``window`` the fast path exploits)."""
+    with torch.no_grad():
+        d = r.to(b.dtype)[None, None, :] - c[..., None]
+        live = (torch.exp(-b.abs()[..., None] * d * d) != 0).flatten(0, 1).any(0)
+        w = int(r.abs().masked_fill(~live, 0).max())
+    return None if w >= int(r.max()) else w
+
+
 @register("tisa")
 class TISA(Mechanism):
     paper = "Wennberg & Henter 2021 (TISA), Eq 4-5"
@@ -65,4 +76,5 @@ class TISA(Mechanism):
         return tisa_function(offsets(n, self.a.device), self.a, self.b, self.c)
 
     def score_terms(self, q: Tensor, k: Tensor, ctx: Context) -> list[Term]:
-        return [Toeplitz(self.table(ctx.n).to(q.dtype))]
+        window = tisa_window(offsets(ctx.n, self.a.device), self.b, self.c)
+        return [Toeplitz(self.table(ctx.n).to(q.dtype), window=window)]

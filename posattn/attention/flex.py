@@ -1,0 +1,78 @@
+"""CUDA: FlexAttention with the score terms inside the fused kernel (forward and backward).
+
+Low-rank terms fold into q/k as on every path; Toeplitz tables, query/key-relative products
+and dense biases are read in ``score_mod``; padding and causality become a block mask, so
+fully hidden blocks are skipped. Gradients reach every captured tensor (FlexAttention
+differentiates through ``score_mod`` on CUDA). Not available on CPU for training (see
+``shared/research/cpu-attention-facts.md``) and not exercised by the tests, which run on CPU.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from torch import Tensor
+
+from .terms import Dense, LowRank, QueryRelative, Term, Toeplitz
+
+_COMPILED: dict[str, Callable[..., Tensor]] = {}
+
+
+def _flex() -> Callable[..., Tensor]:
+    if "flex" not in _COMPILED:
+        from torch.nn.attention.flex_attention import flex_attention
+
+        _COMPILED["flex"] = torch.compile(flex_attention, dynamic=False)
+    return _COMPILED["flex"]
+
+
+def flex_attend(q: Tensor, k: Tensor, v: Tensor, low: list[LowRank], rest: list[Term],
+                keep: Tensor | None, causal: bool, scale: float) -> Tensor:
+    """Attention [b, h, n, d_v] with every term inside FlexAttention (CUDA)."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    from .fast import fold_low_rank
+
+    b, h, n, _ = q.shape
+    d_v = v.shape[-1]
+    q, k, v = fold_low_rank(q, k, v, low, scale, 16)
+    table: Tensor | None = None
+    query_prods: list[tuple[Tensor, int]] = []
+    key_prods: list[tuple[Tensor, int]] = []
+    dense: list[Tensor] = []
+    for t in rest:
+        if isinstance(t, Toeplitz):
+            part = t.table.expand(h, 2 * n - 1)
+            table = part if table is None else table + part
+        elif isinstance(t, QueryRelative):
+            w = t.weight if t.weight.dim() == 3 else t.weight.unsqueeze(0)
+            prod = (torch.einsum("bhid,hmd->bhim", t.vec, w) * t.scale).expand(b, h, n, -1)
+            (key_prods if t.key_side else query_prods).append((prod, t.window))
+        elif isinstance(t, Dense):
+            bias = t.bias if t.bias.dim() == 4 else t.bias.unsqueeze(0)
+            dense.append(bias.expand(b, h, n, n))
+
+    def score_mod(score: Tensor, bi: Tensor, hi: Tensor, qi: Tensor, ki: Tensor) -> Tensor:
+        r = ki - qi
+        if table is not None:
+            score = score + table[hi, r + n - 1]
+        for prod, w in query_prods:
+            score = score + prod[bi, hi, qi, torch.clamp(r, -w, w) + w]
+        for prod, w in key_prods:
+            score = score + prod[bi, hi, ki, torch.clamp(-r, -w, w) + w]
+        for bias in dense:
+            score = score + bias[bi, hi, qi, ki]
+        return score
+
+    block_mask = None
+    if causal or keep is not None:
+        def mask_mod(bi: Tensor, hi: Tensor, qi: Tensor, ki: Tensor) -> Tensor:
+            ok = ki <= qi if causal else ki >= 0
+            if keep is not None:
+                ok = ok & (keep[bi, ki] | (ki == qi))
+            return ok
+
+        block_mask = create_block_mask(mask_mod, b if keep is not None else None, None, n, n,
+                                       device=q.device)
+    o = _flex()(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=1.0)
+    return o[..., :d_v]

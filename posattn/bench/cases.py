@@ -1,0 +1,202 @@
+"""What gets measured: one *case* = a training step and an inference pass of one setup.
+
+- ``layer``: a one-block model (token embedding, the mechanism's input part, pre-LN attention
+  + MLP with d_ff = 4·d_model, final norm) on the fast path; baseline: the same model with
+  ``none`` (plain SDPA, no position term).
+- ``op``: the bare attention op on leaf q, k, v [b, h, n, d_h]: the mechanism's q/k/v
+  transform, score terms, fast attention and output transform; baseline: plain
+  ``scaled_dot_product_attention``. Input-only mechanisms have no op case.
+- ``peer``: another library's layer of the same size (:mod:`.peers`).
+
+A training step is forward + backward of the mean square of the output (gradients set to
+None first); inference is a forward under ``torch.no_grad``. Cases are described by plain
+data (:class:`CaseSpec`) so a memory-measuring child process can rebuild them.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+
+from ..attention import fast
+from ..mechanisms import Context, Dims, Spec, build
+from ..models import Decoder, Encoder, ModelConfig
+
+BASELINE = "sdpa"
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """The shared size of every case."""
+
+    heads: int = 4
+    head_dim: int = 64
+    batch: int = 1
+    causal: bool = False
+    vocab: int = 256
+    max_len: int = 4096
+
+    @property
+    def d_model(self) -> int:
+        return self.heads * self.head_dim
+
+
+@dataclass(frozen=True)
+class CaseSpec:
+    """Plain-data description of a case: kind, mechanism list (JSON) or peer name, length."""
+
+    kind: str  # "layer" | "op" | "peer"
+    name: str  # mechanism list as JSON, "sdpa", or a peer name
+    n: int
+
+    @property
+    def label(self) -> str:
+        if self.kind == "peer" or self.name == BASELINE:
+            return self.name
+        return spec_label(json.loads(self.name))
+
+
+@dataclass
+class Case:
+    spec: CaseSpec
+    train: Callable[[], None]
+    infer: Callable[[], None]
+    path: str = ""  # the fast-path algorithm(s) the attention used: "train path / inference path"
+
+
+def spec_label(specs: list[Any]) -> str:
+    """``t5``, ``tisa(n_kernels=3)``, ``cat+tisa``."""
+    out = []
+    for s in specs:
+        p = Spec.parse(s)
+        opts = ",".join(f"{k}={v}" for k, v in p.options.items())
+        out.append(f"{p.name}({opts})" if opts else p.name)
+    return "+".join(out)
+
+
+def parse_mechanisms(text: str) -> list[Any]:
+    """``t5``, ``cat+tisa``, or JSON (``[{"name": "tisa", "n_kernels": 3}]``) -> spec list."""
+    text = text.strip()
+    if text.startswith("[") or text.startswith("{"):
+        data = json.loads(text)
+        return data if isinstance(data, list) else [data]
+    return [part.strip() for part in text.split("+") if part.strip()]
+
+
+def _loss(out: torch.Tensor) -> torch.Tensor:
+    return out.float().pow(2).mean()
+
+
+def _record_paths(train: Callable[[], None], infer: Callable[[], None]) -> str:
+    """Run a training step and an inference pass, returning the fast-path algorithms
+    :func:`fast.plan` chose for each ("train / infer" when they differ)."""
+    return " / ".join(dict.fromkeys(_plans(f) for f in (train, infer)))
+
+
+def _plans(fn: Callable[[], None]) -> str:
+    chosen: list[str] = []
+    real = fast.plan
+
+    def spy(*args: Any, **kwargs: Any) -> str:
+        path = real(*args, **kwargs)
+        chosen.append(path)
+        return path
+
+    fast.plan = spy  # type: ignore[assignment]
+    try:
+        fn()
+    finally:
+        fast.plan = real  # type: ignore[assignment]
+    return "+".join(sorted(set(chosen)))
+
+
+def layer_case(spec: CaseSpec, sizes: Sizes, record: bool = True) -> Case:
+    mechanisms = ["none"] if spec.name == BASELINE else json.loads(spec.name)
+    cfg = ModelConfig(vocab_size=sizes.vocab, d_model=sizes.d_model, n_layers=1, n_heads=sizes.heads,
+                      d_ff=4 * sizes.d_model, max_len=sizes.max_len, n_segments=2,
+                      mechanisms=mechanisms, attn_path="fast")
+    torch.manual_seed(0)
+    model = (Decoder if sizes.causal else Encoder)(cfg).eval()
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, sizes.vocab, (sizes.batch, spec.n), generator=g)
+    segments = torch.zeros_like(ids)
+    segments[:, spec.n // 2:] = 1
+
+    def forward() -> torch.Tensor:
+        if sizes.causal:
+            return model.hidden(ids)
+        return model.hidden(ids, segments)
+
+    def train() -> None:
+        model.zero_grad(set_to_none=True)
+        _loss(forward()).backward()
+
+    def infer() -> None:
+        with torch.no_grad():
+            forward()
+
+    return Case(spec, train, infer, _record_paths(train, infer) if record else "")
+
+
+def op_case(spec: CaseSpec, sizes: Sizes, record: bool = True) -> Case | None:
+    b, h, n, d = sizes.batch, sizes.heads, spec.n, sizes.head_dim
+    g = torch.Generator().manual_seed(2)
+    q, k, v = (torch.randn(b, h, n, d, generator=g).requires_grad_() for _ in range(3))
+    x = torch.randn(b, n, sizes.d_model, generator=g).requires_grad_()
+    if spec.name == BASELINE:
+        def attention() -> torch.Tensor:
+            return F.scaled_dot_product_attention(q, k, v, is_causal=sizes.causal)
+        mechs: list[Any] = []
+    else:
+        dims = Dims(sizes.d_model, h, 1, sizes.max_len, 2, sizes.causal)
+        torch.manual_seed(0)
+        built = build(json.loads(spec.name), dims)
+        mechs = built.layers[0]
+        if not mechs:
+            return None
+        positions = torch.arange(n).expand(b, n)
+        segments = torch.zeros(b, n, dtype=torch.long)
+        segments[:, n // 2:] = 1
+
+        def attention() -> torch.Tensor:
+            ctx = Context(positions=positions, segments=segments, keep=None, causal=sizes.causal, x=x)
+            q2, k2, v2 = q, k, v
+            for m in mechs:
+                q2, k2, v2 = m.transform_qkv(q2, k2, v2, ctx)
+            terms = [t for m in mechs for t in m.score_terms(q2, k2, ctx)]
+            o = fast.attend(q2, k2, v2, terms, None, sizes.causal)
+            for m in mechs:
+                o = m.transform_output(o, v2, ctx)
+            return o
+
+    params = [p for m in mechs for p in m.parameters()]
+
+    def train() -> None:
+        for t in (q, k, v, x, *params):
+            t.grad = None
+        _loss(attention()).backward()
+
+    def infer() -> None:
+        with torch.no_grad():
+            attention()
+
+    return Case(spec, train, infer, _record_paths(train, infer) if mechs and record else "sdpa")
+
+
+def make_case(spec: CaseSpec, sizes: Sizes, record: bool = True) -> Case | None:
+    """Build a case (None when it does not apply, e.g. the op case of an input mechanism);
+    ``record``: run it once to record the fast-path algorithms it uses."""
+    if spec.kind == "layer":
+        return layer_case(spec, sizes, record)
+    if spec.kind == "op":
+        return op_case(spec, sizes, record)
+    from .peers import peer_case
+
+    return peer_case(spec, sizes)
+
+
+def sizes_dict(sizes: Sizes) -> dict[str, Any]:
+    return asdict(sizes)

@@ -1,0 +1,104 @@
+"""``posattn bench``: the command line of :mod:`posattn.bench`."""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from ..errors import PositionError
+from ..mechanisms import get
+from .cases import Sizes, parse_mechanisms
+from .report import ordered, plot, save_json, table, targets
+from .run import KINDS, BenchOptions, conv_rows, peer_matches, run
+
+QUICK = dict(lengths=[64, 128], heads=2, head_dim=16, repeats=2, warmup=1)
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "bench", help="time and memory of every mechanism against plain SDPA",
+        description="Training-step and inference time and peak memory of each mechanism in a one-block "
+                    "model (layer) and in the bare attention op, as ratios to plain SDPA measured in "
+                    "the same process (interleaved rounds, medians). On a shared machine set "
+                    "OMP_WAIT_POLICY=PASSIVE: spinning OpenMP threads otherwise turn every small "
+                    "parallel op into a scheduling stall.")
+    p.add_argument("-m", "--mechanisms", nargs="+", metavar="SPEC",
+                   help="mechanisms to measure (default: every registered one, alone): a name, "
+                        "names joined by '+', or JSON such as '[{\"name\": \"tisa\", \"n_kernels\": 3}]'")
+    p.add_argument("-n", "--lengths", nargs="+", type=int, help="sequence lengths (default 256 1024 4096)")
+    p.add_argument("--kinds", nargs="+", choices=KINDS, default=list(KINDS),
+                   help="a one-block model (layer) and/or the bare attention op")
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--head-dim", type=int, default=64)
+    p.add_argument("--causal", action="store_true", help="decoder (causal) instead of encoder")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--repeats", type=int, help="interleaved rounds, medians reported (default 5)")
+    p.add_argument("--warmup", type=int, help="untimed rounds first (default 1)")
+    p.add_argument("--no-memory", action="store_true", help="skip the peak-memory child processes")
+    p.add_argument("--no-time", action="store_true", help="only peak memory (e.g. for n = 16384)")
+    p.add_argument("--peers", action="store_true",
+                   help="add HF BERT relative_key_query and x-transformers T5/ALiBi when installed")
+    p.add_argument("--quick", action="store_true", help="tiny sizes and 2 rounds (a smoke test)")
+    p.add_argument("--conv", action="store_true",
+                   help="instead: time shift-add / Conv1d / FFT depthwise convolution by kernel length")
+    p.add_argument("--out", type=Path, default=Path("runs/bench"), help="folder for table, plot and JSON")
+    p.add_argument("--json", type=Path, help="also write the rows to this JSON file")
+    p.set_defaults(func=bench_command)
+
+
+def _first(*values: int | None) -> int:
+    return next(v for v in values if v is not None)
+
+
+def options(args: argparse.Namespace) -> BenchOptions:
+    quick = QUICK if args.quick else {}
+    mechs = None
+    if args.mechanisms:
+        mechs = [parse_mechanisms(m) for m in args.mechanisms]
+        for specs in mechs:
+            for s in specs:
+                get(s if isinstance(s, str) else s.get("name", ""))
+    lengths = args.lengths or quick.get("lengths") or [256, 1024, 4096]
+    if min(lengths) < 2:
+        raise PositionError(f"bench: lengths must be >= 2, got {lengths}")
+    sizes = Sizes(heads=quick.get("heads", args.heads), head_dim=quick.get("head_dim", args.head_dim),
+                  batch=args.batch, causal=args.causal, max_len=max(lengths))
+    opts = BenchOptions(lengths=lengths, kinds=tuple(args.kinds), sizes=sizes, threads=args.threads,
+                        repeats=_first(args.repeats, quick.get("repeats"), 5),
+                        warmup=_first(args.warmup, quick.get("warmup"), 1),
+                        timing=not args.no_time, memory=not args.no_memory, peers=args.peers)
+    if mechs is not None:
+        opts.mechanisms = mechs
+    return opts
+
+
+def bench_command(args: argparse.Namespace) -> None:
+    args.out.mkdir(parents=True, exist_ok=True)
+    if args.conv:
+        rows = conv_rows([1, 2, 3, 4, 5, 9, 17, 33, 65, 129, 257], 512 if args.quick else 4096,
+                         16 if args.quick else 256, 2, args.threads, _first(args.repeats, 2 if args.quick else 5))
+        print("depthwise conv, training step ms (n=%d)" % (512 if args.quick else 4096))
+        for r in rows:
+            print(f"k={r['kernel']:4d}  shift {r['shift_ms']:8.2f}  conv1d {r['conv1d_ms']:8.2f}  "
+                  f"fft {r['fft_ms']:8.2f}  -> chosen: {r['chosen']}")
+        save_json(rows, args.json or args.out / "conv.json")
+        return
+    rows = ordered(run(options(args), partial=lambda rows: save_json(ordered(rows), args.out / "bench.json")))
+    text = table(rows)
+    checks = targets(rows, peer_matches())
+    print(text)
+    if checks:
+        print("\ntargets (issue 4):")
+        print("\n".join("  " + c for c in checks))
+    (args.out / "bench.txt").write_text(text + ("\n\n" + "\n".join(checks) if checks else "") + "\n")
+    save_json(rows, args.out / "bench.json")
+    if args.json:
+        save_json(rows, args.json)
+    if any(r.get("train_ratio") is not None or r.get("peak_mem_mb") is not None for r in rows):
+        plot(rows, args.out / "bench.png")
+    print(f"\nwrote {args.out / 'bench.txt'}, {args.out / 'bench.json'}, {args.out / 'bench.png'}"
+          + (f", {args.json}" if args.json else ""))
+    if any("error" in r for r in rows):
+        for r in rows:
+            if "error" in r:
+                print(f"  {r['mechanism']} ({r['kind']}, n={r['n']}): {r['error']}")

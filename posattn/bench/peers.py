@@ -1,0 +1,80 @@
+"""Peer implementations of the same layer, benchmarked in the same run when installed.
+
+- Hugging Face ``transformers`` 4.x BERT, one layer, ``position_embedding_type=
+  "relative_key_query"`` (Shaw/Huang relative keys on both the query and the key side; eager
+  attention, which these types require), and BERT with absolute positions for reference;
+- ``x-transformers`` encoder/decoder, one layer, with its T5 relative bias and with ALiBi.
+
+Each peer is matched with the posattn mechanism it should be compared with (``MATCH``).
+"""
+from __future__ import annotations
+
+import importlib.util
+from typing import Any, Callable
+
+import torch
+
+from .cases import Case, CaseSpec, Sizes
+
+# peer -> posattn mechanism list it is compared with
+MATCH: dict[str, list[Any]] = {
+    "hf_bert_relative_key_query": ["dynamic_conv", "key_dynamic_conv"],
+    "hf_bert_absolute": ["absolute"],
+    "xt_t5": ["t5"],
+    "xt_alibi": ["alibi"],
+}
+REQUIRES = {"hf_bert_relative_key_query": "transformers", "hf_bert_absolute": "transformers",
+            "xt_t5": "x_transformers", "xt_alibi": "x_transformers"}
+
+
+def available() -> list[str]:
+    """The peers whose library is installed."""
+    return [p for p, mod in REQUIRES.items() if importlib.util.find_spec(mod) is not None]
+
+
+Forward = Callable[[torch.Tensor], torch.Tensor]
+
+
+def _hf_bert(kind: str, sizes: Sizes, n: int) -> tuple[torch.nn.Module, Forward]:
+    from transformers import BertConfig, BertModel
+
+    cfg = BertConfig(vocab_size=sizes.vocab, hidden_size=sizes.d_model, num_hidden_layers=1,
+                     num_attention_heads=sizes.heads, intermediate_size=4 * sizes.d_model,
+                     max_position_embeddings=max(n, sizes.max_len), position_embedding_type=kind,
+                     hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+                     is_decoder=sizes.causal, attn_implementation="eager")
+    model = BertModel(cfg, add_pooling_layer=False).eval()
+    return model, lambda ids: model(input_ids=ids).last_hidden_state
+
+
+def _xt(kind: str, sizes: Sizes, n: int) -> tuple[torch.nn.Module, Forward]:
+    from x_transformers import Decoder, Encoder, TransformerWrapper
+
+    layers = (Decoder if sizes.causal else Encoder)(
+        dim=sizes.d_model, depth=1, heads=sizes.heads, attn_dim_head=sizes.head_dim,
+        **{"rel_pos_bias" if kind == "t5" else "alibi_pos_bias": True})
+    model = TransformerWrapper(num_tokens=sizes.vocab, max_seq_len=max(n, sizes.max_len),
+                               attn_layers=layers, use_abs_pos_emb=False).eval()
+    return model, lambda ids: model(ids, return_embeddings=True)
+
+
+def peer_case(spec: CaseSpec, sizes: Sizes) -> Case:
+    torch.manual_seed(0)
+    builders = {
+        "hf_bert_relative_key_query": lambda: _hf_bert("relative_key_query", sizes, spec.n),
+        "hf_bert_absolute": lambda: _hf_bert("absolute", sizes, spec.n),
+        "xt_t5": lambda: _xt("t5", sizes, spec.n),
+        "xt_alibi": lambda: _xt("alibi", sizes, spec.n),
+    }
+    model, forward = builders[spec.name]()
+    ids = torch.randint(0, sizes.vocab, (sizes.batch, spec.n), generator=torch.Generator().manual_seed(1))
+
+    def train() -> None:
+        model.zero_grad(set_to_none=True)
+        forward(ids).float().pow(2).mean().backward()
+
+    def infer() -> None:
+        with torch.no_grad():
+            forward(ids)
+
+    return Case(spec, train, infer, "peer")

@@ -1,0 +1,142 @@
+"""Rows, table, plot, JSON, and the issue's targets for ``posattn bench``."""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any, Iterable
+
+# Issue 4 targets: training-step ratio to plain SDPA at n = 4096 (batch 1, 4 heads, head dim 64)
+TRAIN_TARGETS: dict[str, float] = {
+    **dict.fromkeys(["none", "absolute", "sinusoidal", "rope", "alibi", "diet_abs", "tupe", "segment",
+                     "cat", "conv_qkv", "depthwise_conv"], 1.25),
+    **dict.fromkeys(["t5", "fixed_conv", "dynamic_conv", "composite", "key_dynamic_conv", "diet_rel",
+                     "tisa"], 1.6),
+}
+TARGET_N = 4096
+MEMORY_PAIR = (4096, 16384)
+MEMORY_RATIO = 5.0
+PEER_N = 2048
+PEER_SPEEDUP = {"hf_bert_relative_key_query": 5.0, "xt_t5": 2.0}
+
+COLUMNS = [("mechanism", "mechanism", "{}"), ("kind", "kind", "{}"), ("n", "n", "{}"),
+           ("path", "path", "{}"), ("train_ms", "train ms", "{:.1f}"), ("train_ratio", "train ×", "{:.2f}"),
+           ("infer_ms", "infer ms", "{:.1f}"), ("infer_ratio", "infer ×", "{:.2f}"),
+           ("peak_mem_mb", "peak MB", "{:.0f}"), ("mem_ratio", "mem ×", "{:.2f}")]
+
+
+def _fmt(fmt: str, x: Any) -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "-"
+    return fmt.format(x)
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    """Plain-text table, one line per row."""
+    head = [c[1] for c in COLUMNS]
+    body = [[_fmt(c[2], r.get(c[0])) for c in COLUMNS] for r in rows]
+    widths = [max(len(x) for x in col) for col in zip(head, *body)]
+    lines = ["  ".join(x.ljust(w) for x, w in zip(head, widths)).rstrip(),
+             "  ".join("-" * w for w in widths)]
+    lines += ["  ".join(x.ljust(w) for x, w in zip(row, widths)).rstrip() for row in body]
+    return "\n".join(lines)
+
+
+def targets(rows: list[dict[str, Any]], matches: dict[str, str]) -> list[str]:
+    """The issue's targets that these rows can check, one line each (met / MISSED)."""
+    out: list[str] = []
+    for r in rows:
+        goal = TRAIN_TARGETS.get(r["mechanism"])
+        if r["n"] == TARGET_N and r["kind"] == "layer" and goal and r.get("train_ratio") is not None:
+            ok = r["train_ratio"] <= goal
+            out.append(f"train ×{r['train_ratio']:.2f} ≤ {goal} at n={TARGET_N} (layer): {r['mechanism']}: "
+                       f"{'met' if ok else 'MISSED'}")
+    mem = {(r["mechanism"], r["kind"], r["n"]): r.get("peak_mem_mb") for r in rows}
+    lo, hi = MEMORY_PAIR
+    for (mech, kind, n), peak in sorted(mem.items()):
+        other = mem.get((mech, kind, hi))
+        if n == lo and peak and other is not None:
+            ratio = other / peak
+            out.append(f"peak memory n={hi} / n={lo} = {ratio:.1f} ≤ {MEMORY_RATIO} ({kind}): {mech}: "
+                       f"{'met' if ratio <= MEMORY_RATIO else 'MISSED'}")
+    train = {(r["mechanism"], r["n"]): r.get("train_ms") for r in rows if r["kind"] in ("layer", "peer")}
+    for peer, goal in PEER_SPEEDUP.items():
+        ours = matches.get(peer)
+        a, b = train.get((peer, PEER_N)), train.get((ours, PEER_N)) if ours else None
+        if a and b:
+            out.append(f"{peer} / posattn {ours} at n={PEER_N} = {a / b:.1f}× faster (≥ {goal}): "
+                       f"{'met' if a / b >= goal else 'MISSED'}")
+    return out
+
+
+def save_json(rows: list[dict[str, Any]], path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(rows, indent=2))
+
+
+PANELS = (("train_ratio", "training step ÷ plain SDPA"), ("infer_ratio", "inference ÷ plain SDPA"),
+          ("peak_mem_mb", "peak extra memory of a training step (MB)"))
+
+
+def plot(rows: list[dict[str, Any]], path: Path) -> None:
+    """Per panel (train ratio, inference ratio, peak memory): lines against n, one per
+    mechanism and kind; horizontal bars when only one length was measured."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = [(f, t) for f, t in PANELS if any(r.get(f) is not None for r in rows)]
+    lengths = sorted({r["n"] for r in rows})
+    mechs = sorted({r["mechanism"] for r in rows})
+    kinds = [k for k in ("layer", "op", "peer") if any(r["kind"] == k for r in rows)]
+    colors = {m: plt.get_cmap("tab20")(i % 20) for i, m in enumerate(mechs)}
+    single = len(lengths) == 1
+    height = max(4.5, 0.22 * len(mechs) * len(kinds)) if single else 5.5
+    fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels) + (0 if single else 3), height),
+                             squeeze=False)
+    for ax, (field, title) in zip(axes[0], panels):
+        if single:
+            for k, kind in enumerate(kinds):
+                vals = {r["mechanism"]: r[field] for r in rows if r["kind"] == kind and r.get(field) is not None}
+                ys = [i + k / (len(kinds) + 1) for i, m in enumerate(mechs) if m in vals]
+                ax.barh(ys, [vals[m] for m in mechs if m in vals], height=1 / (len(kinds) + 1),
+                        label=kind, hatch=("", "//", "..")[k])
+            ax.set_yticks(range(len(mechs)), mechs, fontsize=8)
+            ax.invert_yaxis()
+            ax.set_title(f"{title}, n={lengths[0]}")
+            if field != "peak_mem_mb":
+                ax.axvline(1.0, color="k", lw=0.8)
+            ax.legend(fontsize=8)
+            continue
+        for mech in mechs:
+            for kind in kinds:
+                pts = sorted((r for r in rows if r["mechanism"] == mech and r["kind"] == kind
+                              and r.get(field) is not None), key=lambda r: r["n"])
+                if pts:
+                    ax.plot([r["n"] for r in pts], [r[field] for r in pts],
+                            {"layer": "-", "op": "--", "peer": ":"}[kind], marker="o", ms=3,
+                            color=colors[mech], label=f"{mech} ({kind})")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("sequence length n")
+        ax.set_title(title)
+        if field == "peak_mem_mb":
+            ax.set_yscale("log")
+        else:
+            ax.axhline(1.0, color="k", lw=0.8)
+    for ax in axes[0]:
+        ax.grid(alpha=0.3)
+    if not single:
+        handles, labels = axes[0][0].get_legend_handles_labels()
+        fig.legend(handles, labels, loc="center right", fontsize=6, ncol=2 if len(labels) > 24 else 1)
+        fig.tight_layout(rect=(0, 0, 0.8, 1))
+    else:
+        fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def ordered(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    kind_order = {"layer": 0, "op": 1, "peer": 2}
+    return sorted(rows, key=lambda r: (kind_order.get(r["kind"], 3), r["n"], r["mechanism"] != "sdpa"))

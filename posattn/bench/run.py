@@ -1,0 +1,154 @@
+"""The benchmark driver: build the cases per length, time them interleaved, measure memory."""
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+from .. import mechanisms
+from ..mechanisms.conv import METHODS, conv_method
+from . import peers as peer_lib
+from .cases import BASELINE, Case, CaseSpec, Sizes, make_case, spec_label
+from .measure import measure_memory, median, time_cases
+
+KINDS = ("layer", "op")
+
+
+@dataclass
+class BenchOptions:
+    """Everything ``posattn bench`` can be asked for."""
+
+    mechanisms: list[list[Any]] = field(default_factory=lambda: [[m] for m in mechanisms.names()])
+    lengths: list[int] = field(default_factory=lambda: [256, 1024, 4096])
+    kinds: tuple[str, ...] = KINDS
+    sizes: Sizes = field(default_factory=Sizes)
+    threads: int = 2
+    repeats: int = 5
+    warmup: int = 1
+    timing: bool = True
+    memory: bool = True
+    peers: bool = False
+
+
+def _log(msg: str) -> None:
+    print(f"[bench] {msg}", file=sys.stderr, flush=True)
+
+
+def case_specs(opts: BenchOptions, n: int) -> list[CaseSpec]:
+    """Baselines first, then every mechanism per kind, then the peers."""
+    specs: list[CaseSpec] = []
+    for kind in opts.kinds:
+        specs.append(CaseSpec(kind, BASELINE, n))
+        specs += [CaseSpec(kind, json.dumps(m), n) for m in opts.mechanisms]
+    if opts.peers:
+        specs += [CaseSpec("peer", p, n) for p in peer_lib.available()]
+    return specs
+
+
+def _build(specs: list[CaseSpec], sizes: Sizes, errors: dict[CaseSpec, str]) -> list[Case]:
+    cases = []
+    for spec in specs:
+        try:
+            case = make_case(spec, sizes)
+        except Exception as e:  # a mechanism that cannot run at this size is reported, not fatal
+            errors[spec] = f"{type(e).__name__}: {e}"
+            continue
+        if case is not None:
+            cases.append(case)
+    return cases
+
+
+def run(opts: BenchOptions, log: Callable[[str], None] = _log,
+        partial: Callable[[list[dict[str, Any]]], None] | None = None) -> list[dict[str, Any]]:
+    """Measure every case; one row (dict) per mechanism, kind and length. ``partial`` gets the
+    rows so far after each length (long runs keep what they measured)."""
+    torch.set_num_threads(opts.threads)
+    if opts.peers:
+        for peer, ours in peer_lib.MATCH.items():
+            if peer in peer_lib.available() and ours not in opts.mechanisms:
+                opts.mechanisms.append(ours)
+    sizes = Sizes(**{**opts.sizes.__dict__, "max_len": max(opts.lengths)})
+    rows: list[dict[str, Any]] = []
+    for n in opts.lengths:
+        specs = case_specs(opts, n)
+        errors: dict[CaseSpec, str] = {}
+        times: dict[CaseSpec, dict[str, list[float]]] = {}
+        paths: dict[CaseSpec, str] = {}
+        applicable = specs
+        if opts.timing:
+            log(f"n={n}: building {len(specs)} cases")
+            cases = _build(specs, sizes, errors)
+            paths = {c.spec: c.path for c in cases}
+            applicable = [c.spec for c in cases]
+            log(f"n={n}: timing {len(cases)} cases × {opts.repeats} rounds")
+            times = time_cases(cases, opts.repeats, opts.warmup, lambda m: log(f"n={n}: {m}"))
+            del cases
+        memory: dict[CaseSpec, dict[str, Any]] = {}
+        if opts.memory:
+            log(f"n={n}: peak memory of {len(applicable)} cases (child process)")
+            memory = measure_memory(applicable, sizes, opts.threads)
+        rows += _rows(n, specs, times, memory, paths, errors, opts)
+        if partial:
+            partial(rows)
+    return rows
+
+
+def _rows(n: int, specs: list[CaseSpec], times: dict[CaseSpec, dict[str, list[float]]],
+          memory: dict[CaseSpec, dict[str, Any]], paths: dict[CaseSpec, str],
+          errors: dict[CaseSpec, str], opts: BenchOptions) -> list[dict[str, Any]]:
+    rows = []
+    base = {kind: CaseSpec(kind, BASELINE, n) for kind in opts.kinds}
+    base["peer"] = base.get("layer", CaseSpec("layer", BASELINE, n))
+    for spec in specs:
+        if spec not in times and spec not in memory and spec not in errors:
+            continue
+        ref = base[spec.kind]
+        row: dict[str, Any] = {"mechanism": spec.label, "kind": spec.kind, "n": n,
+                               "path": paths.get(spec, ""), "threads": opts.threads,
+                               **{k: v for k, v in opts.sizes.__dict__.items() if k != "max_len"}}
+        for what in ("train", "infer"):
+            t, b = times.get(spec, {}).get(what), times.get(ref, {}).get(what)
+            row[f"{what}_ms"] = median(t) * 1e3 if t else None
+            row[f"{what}_ratio"] = median(t) / median(b) if t and b else None
+            row[f"{what}_runs_ms"] = [x * 1e3 for x in t] if t else []
+        mem, base_mem = memory.get(spec, {}), memory.get(ref, {})
+        row["peak_mem_mb"] = mem.get("train_mb")
+        row["infer_peak_mem_mb"] = mem.get("infer_mb")
+        row["mem_ratio"] = (mem["train_mb"] / base_mem["train_mb"]
+                            if mem.get("train_mb") is not None and base_mem.get("train_mb") else None)
+        err = errors.get(spec) or mem.get("error")
+        if err:
+            row["error"] = err
+        rows.append(row)
+    return rows
+
+
+def peer_matches() -> dict[str, str]:
+    return {peer: spec_label(ours) for peer, ours in peer_lib.MATCH.items()}
+
+
+def conv_rows(kernels: list[int], n: int, channels: int, batch: int, threads: int,
+              repeats: int) -> list[dict[str, Any]]:
+    """Training-step time of each depthwise-convolution algorithm per kernel length."""
+    torch.set_num_threads(threads)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(batch, n, channels, generator=g).requires_grad_()
+    rows = []
+    for k in kernels:
+        w = torch.randn(channels, k, generator=g).requires_grad_()
+        cases = {}
+        for name, fn in METHODS.items():
+            def step(fn: Callable[..., torch.Tensor] = fn) -> None:
+                x.grad = w.grad = None
+                fn(x, w, k - 1).pow(2).mean().backward()
+            cases[name] = step
+        runs = time_cases([Case(CaseSpec("conv", name, k), step, lambda: None)
+                           for name, step in cases.items()], repeats, 1)
+        row: dict[str, Any] = {"kernel": k, "chosen": conv_method(k)}
+        for spec, t in runs.items():
+            row[f"{spec.name}_ms"] = median(t["train"]) * 1e3
+        rows.append(row)
+    return rows

@@ -1,0 +1,386 @@
+"""Every fast algorithm equals the reference path, in outputs and in gradients (q, k, v, the term
+tensors, and through models every mechanism parameter): bidirectional and causal, with padding,
+at sizes where the chunk sizes are forced small so every chunking and merging branch runs."""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+import torch
+
+import posattn
+from posattn.attention import fast, reference
+from posattn.attention.banded import BandGeometry, banded_attention
+from posattn.attention.cache import POSITION_CACHE
+from posattn.attention.fast import Policy, plan, using
+from posattn.attention.flash_bias import antidiag_sum
+from posattn.attention.kernels import flash_fwd
+from posattn.attention.layer import Attention
+from posattn.attention.terms import Dense, LowRank, QueryRelative, Term, Toeplitz, relative_index
+from posattn.mechanisms.conv import METHODS, conv_method, depthwise_conv1d
+from posattn.models import Decoder, Encoder, ModelConfig
+
+F64 = torch.float64
+SMALL = dict(dense_max_n=0, band_min_n=0, band_fraction=1.0, band_chunk=None, flash_chunk=16, grad_chunk=8)
+
+
+def rand(*shape: int, grad: bool = True, seed: int | None = None) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed) if seed is not None else None
+    return torch.randn(*shape, dtype=F64, generator=g).requires_grad_(grad)
+
+
+def keep_mask(b: int, n: int) -> torch.Tensor:
+    keep = torch.ones(b, n, dtype=torch.bool)
+    keep[0, n - 7:] = False  # right padding
+    keep[-1, :5] = False  # left padding
+    keep[-1, n // 2] = False  # a hole
+    return keep
+
+
+def assert_close(a: torch.Tensor, b: torch.Tensor, what: str, tol: float = 1e-10) -> None:
+    err = (a - b).abs().max().item()
+    assert err <= tol * (1 + b.abs().max().item()), f"{what}: max error {err:.2e}"
+
+
+def compare(q, k, v, terms: list[Term], leaves: list[torch.Tensor], keep, causal: bool,
+            policy: Policy, expect: str) -> None:
+    assert plan(q, terms, causal, policy=policy) == expect
+    out_f = fast.attend(q, k, v, terms, keep, causal, policy=policy)
+    out_r = reference.attend(q, k, v, terms, keep, causal)
+    assert_close(out_f, out_r, "output")
+    g = torch.randn_like(out_r)
+    gf = torch.autograd.grad(out_f, leaves, g, allow_unused=True, retain_graph=True)
+    gr = torch.autograd.grad(out_r, leaves, g, allow_unused=True, retain_graph=True)
+    for i, (a, b) in enumerate(zip(gf, gr)):
+        if b is None:
+            assert a is None or a.abs().max() == 0
+            continue
+        assert a is not None, f"leaf {i} got no gradient on the fast path"
+        assert_close(a, b, f"gradient of leaf {i}")
+
+
+# -- the building blocks -------------------------------------------------------------------------
+def test_antidiag_sum() -> None:
+    x = rand(2, 3, 5, 9, grad=False)
+    ref = torch.zeros(2, 3, 13, dtype=F64)
+    for i in range(5):
+        for j in range(9):
+            ref[..., i + j] += x[..., i, j]
+    assert_close(antidiag_sum(x), ref, "anti-diagonal sums")
+
+
+def test_flash_kernel_facts() -> None:
+    """What the pieces rely on: is_causal aligns top-left and combines with a mask; a fully
+    hidden row returns output 0 (the callers set its log-sum-exp to −inf themselves)."""
+    q, k, v = (rand(1, 1, 6, 4, grad=False, seed=i) for i in range(3))
+    mask = torch.zeros(1, 1, 1, 6, dtype=F64)
+    mask[..., 0] = float("-inf")
+    out, lse = flash_fwd(q[:, :, :3], k, v, causal=True, mask=mask)
+    s = (q[:, :, :3] @ k.mT).masked_fill(torch.ones(3, 6, dtype=torch.bool).triu(1), float("-inf")) + mask
+    assert torch.isfinite(lse[..., 1:]).all()
+    assert_close(lse[..., 1:], torch.logsumexp(s, -1)[..., 1:], "lse")
+    assert out[..., 0, :].abs().max() == 0
+
+
+@pytest.mark.parametrize("pad", [False, True], ids=["nopad", "pad"])
+@pytest.mark.parametrize("causal", [False, True], ids=["enc", "dec"])
+def test_banded_attention_all_inputs(causal: bool, pad: bool) -> None:
+    """The banded kernel against its own definition, every input differentiated."""
+    b, h, n, d, w = 2, 3, 37, 5, 3
+    q, k, v = rand(b, h, n, d), rand(b, h, n, d), rand(b, h, n, d)
+    bias, cl, cr = rand(1, h, 1, 2 * w + 1), rand(1, h), rand(1, h)
+    al, ar, bl, br = (rand(1, h, 1, d) for _ in range(4))
+    keep = keep_mask(b, n) if pad else None
+    out = banded_attention(q, k, v, BandGeometry(w, causal, keep, 6), bias, cl, cr, al, ar, bl, br)
+    r = relative_index(n, q.device) - (n - 1)
+    band = torch.gather(bias.expand(b, h, n, -1), -1, (r.clamp(-w, w) + w).expand(b, h, n, n))
+    s = torch.where(r.abs() <= w, q @ k.mT + band,
+                    torch.where(r < -w, (q + al) @ (k + bl).mT + cl[..., None, None],
+                                (q + ar) @ (k + br).mT + cr[..., None, None]))
+    ok = fast.allowed_mask(n, keep, causal, q.device)
+    s = s if ok is None else s.masked_fill(~ok, float("-inf"))
+    ref = s.softmax(-1) @ v
+    assert_close(out, ref, "output")
+    leaves = [q, k, v, bias, cl, cr, al, ar, bl, br]
+    g = torch.randn_like(ref)
+    gf = torch.autograd.grad(out, leaves, g, allow_unused=True)
+    gr = torch.autograd.grad(ref, leaves, g, allow_unused=True)
+    for i, (a, bb) in enumerate(zip(gf, gr)):
+        if causal and i in (5, 7, 9):  # the right piece does not exist in a decoder
+            assert bb is None or bb.abs().max() == 0
+            continue
+        assert_close(a, bb, f"gradient {i}")
+
+
+# -- every term structure through fast.attend ----------------------------------------------------
+def toeplitz(h: int, n: int, window: int | None, seed: int) -> tuple[Toeplitz, torch.Tensor]:
+    """A Toeplitz term built as mechanisms build them (clipped from a parameter when windowed)."""
+    if window is None:
+        p = rand(h, 2 * n - 1, seed=seed)
+        return Toeplitz(p * 1.0), p
+    p = rand(h, 2 * window + 1, seed=seed)
+    idx = (torch.arange(-(n - 1), n).clamp(-window, window) + window)
+    return Toeplitz(p[:, idx], window=window), p
+
+
+def qr(q: torch.Tensor, k: torch.Tensor, window: int, key_side: bool, per_head: bool,
+       seed: int) -> tuple[QueryRelative, torch.Tensor]:
+    h, d = q.shape[1], q.shape[-1]
+    w = rand(*((h,) if per_head else ()), 2 * window + 1, d, seed=seed)
+    return QueryRelative(k if key_side else q, w, window, 1 / math.sqrt(d), key_side=key_side), w
+
+
+def structures(q, k, n: int, h: int) -> dict[str, tuple[list[Term], list[torch.Tensor], str]]:
+    """name -> (terms, parameter leaves, expected path with the SMALL policy)."""
+    t3, p3 = toeplitz(h, n, 3, 1)
+    t5, p5 = toeplitz(h, n, 5, 2)
+    tf, pf = toeplitz(h, n, None, 3)
+    qq, wq = qr(q, k, 4, False, False, 4)
+    qk, wk = qr(q, k, 2, True, True, 5)
+    qw, ww = qr(q, k, n + 3, False, True, 9)  # wider than the sequence (Shaw without clipping)
+    kw, wk2 = qr(q, k, n - 9, True, False, 10)
+    u, vv = rand(1, h, n, 3, seed=6), rand(1, h, n, 3, seed=7)
+    lr = LowRank(u, vv)
+    dense = rand(1, h, n, n, seed=8)
+    return {
+        "toeplitz-window": ([t3], [p3], "banded"),
+        "two-windows+lowrank": ([t3, t5, lr], [p3, p5, u, vv], "banded"),
+        "query-relative": ([qq], [wq], "banded"),
+        "key-relative": ([qk], [wk], "banded"),
+        "query+key-relative+toeplitz": ([qq, qk, t5], [wq, wk, p5], "banded"),
+        "toeplitz-full": ([tf], [pf], "flash_bias"),
+        "toeplitz-full+lowrank": ([tf, lr], [pf, u, vv], "flash_bias"),
+        "toeplitz-full+query+key-relative": ([tf, qq, qk], [pf, wq, wk], "flash_bias"),
+        "wide-query+key-relative": ([qw, kw], [ww, wk2], "flash_bias"),
+        "dense+toeplitz": ([Dense(dense), t3], [dense, p3], "flash_bias"),
+        "dense-only": ([Dense(dense)], [dense], "flash_bias"),
+        # no bias gradient (ALiBi, inference tables): the fused kernel's own backward
+        "toeplitz-full-fixed": ([Toeplitz(pf.detach())], [], "flash_bias"),
+        "toeplitz-fixed+dense-fixed": ([Toeplitz(pf.detach()), Dense(dense.detach())], [], "flash_bias"),
+    }
+
+
+@pytest.mark.parametrize("pad", [False, True], ids=["nopad", "pad"])
+@pytest.mark.parametrize("causal", [False, True], ids=["enc", "dec"])
+@pytest.mark.parametrize("name", list(structures(rand(1, 1, 45, 2), rand(1, 1, 45, 2), 45, 1)))
+def test_structures(name: str, causal: bool, pad: bool) -> None:
+    b, h, n, d = 2, 3, 45, 6
+    q, k, v = rand(b, h, n, d, seed=10), rand(b, h, n, d, seed=11), rand(b, h, n, d, seed=12)
+    terms, params, expect = structures(q, k, n, h)[name]
+    keep = keep_mask(b, n) if pad else None
+    compare(q, k, v, terms, [q, k, v, *params], keep, causal, Policy(**SMALL), expect)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["enc", "dec"])
+def test_forced_dense_and_flash_bias_agree_for_windowed_terms(causal: bool) -> None:
+    b, h, n, d = 1, 2, 40, 4
+    q, k, v = rand(b, h, n, d, seed=1), rand(b, h, n, d, seed=2), rand(b, h, n, d, seed=3)
+    terms, params, _ = structures(q, k, n, h)["query+key-relative+toeplitz"]
+    for path in ("dense", "flash_bias"):
+        compare(q, k, v, terms, [q, k, v, *params], None, causal, Policy(**SMALL, force=path), path)
+
+
+def test_plan_by_length_and_structure() -> None:
+    """Defaults: dense bias for short inputs; at long ones banded for query/key-relative terms
+    and for clipped tables that need a gradient, flash-bias for full tables and at inference;
+    no bias at all for low-rank terms; never by mechanism name."""
+    h = 4
+    for n, windowed, full in ((256, "dense", "dense"), (4096, "banded", "flash_bias")):
+        q = torch.zeros(1, h, n, 8)
+        table = torch.zeros(h, 2 * n - 1, requires_grad=True)
+        assert plan(q, [Toeplitz(table, window=8)], False) == windowed
+        assert plan(q, [Toeplitz(table, window=128)], True) == windowed
+        assert plan(q, [Toeplitz(table)], False) == full
+        assert plan(q, [LowRank(torch.zeros(1, h, n, 2), torch.zeros(1, h, n, 2))], False) == "sdpa"
+        assert plan(q, [QueryRelative(q, torch.zeros(17, 8), 8, 1.0)], False) == windowed
+        with torch.no_grad():
+            assert plan(q, [Toeplitz(table, window=8)], False) == full
+    q = torch.zeros(1, h, 2048, 8)
+    assert plan(q, [Toeplitz(torch.zeros(h, 4095, requires_grad=True), window=8)], False) == "flash_bias"
+    q = torch.zeros(1, h, 4096, 8)
+    assert plan(q, [Toeplitz(torch.zeros(h, 8191), window=1500)], False) == "flash_bias"
+
+
+# -- every mechanism through a model -------------------------------------------------------------
+N = 40
+SPECS: list[Any] = [
+    "none", "absolute", "sinusoidal", "rope", "alibi", "diet_abs", "segment", "tupe", "cat",
+    "conv_qkv", "depthwise_conv", "fixed_conv", "dynamic_conv", "composite", "key_dynamic_conv",
+    "diet_rel", "tisa",
+    {"name": "t5", "num_buckets": 8, "max_distance": 12},
+    {"name": "diet_rel", "max_distance": 5},
+    {"name": "tupe", "relative_bias": True},
+    {"name": "tisa", "n_kernels": 2},
+    ["composite", {"name": "t5", "num_buckets": 8, "max_distance": 12}, "diet_abs"],
+    ["composite", "t5", "segment"],
+    ["key_dynamic_conv", "dynamic_conv", "tisa"],
+]
+
+
+def spec_id(spec: Any) -> str:
+    specs = spec if isinstance(spec, list) else [spec]
+    return "+".join(s if isinstance(s, str) else s["name"] + "(" + ",".join(
+        f"{k}={v}" for k, v in s.items() if k != "name") + ")" for s in specs)
+
+
+def build(spec: Any, causal: bool, path: str) -> torch.nn.Module:
+    specs = spec if isinstance(spec, list) else [spec]
+    cfg = ModelConfig(vocab_size=23, d_model=16, n_layers=2, n_heads=2, d_ff=8, max_len=64,
+                      n_segments=3, mechanisms=specs, attn_path=path)
+    torch.manual_seed(0)
+    m = (Decoder if causal else Encoder)(cfg).double()
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in m.parameters():
+            p.add_(torch.randn(p.shape, generator=g, dtype=F64) * 0.3)
+    return m
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["enc", "dec"])
+@pytest.mark.parametrize("spec", SPECS, ids=spec_id)
+def test_models_on_every_path(spec: Any, causal: bool) -> None:
+    """Hidden states and every parameter's gradient, fast (each applicable path, small chunks,
+    padding) vs reference."""
+    ids = torch.randint(0, 23, (2, N), generator=torch.Generator().manual_seed(2))
+    keep = keep_mask(2, N)
+    ref = build(spec, causal, "reference")
+    h_ref = ref.hidden(ids, None, keep)
+    w = torch.randn(h_ref.shape, dtype=F64, generator=torch.Generator().manual_seed(3)) * keep[..., None]
+    g_ref = torch.autograd.grad((h_ref * w).sum(), list(ref.parameters()), allow_unused=True)
+    seen = set()
+    for path in ("banded", "flash_bias", "dense"):
+        m = build(spec, causal, "fast")
+        chosen: list[str] = []
+        real_plan = fast.plan
+
+        def spy(*a: Any, **kw: Any) -> str:
+            chosen.append(real_plan(*a, **kw))
+            return chosen[-1]
+
+        fast.plan = spy  # type: ignore[assignment]
+        try:
+            with using(Policy(**SMALL, force=path)):  # type: ignore[arg-type]
+                h = m.hidden(ids, None, keep)
+        finally:
+            fast.plan = real_plan  # type: ignore[assignment]
+        seen.update(chosen)
+        assert_close(h * keep[..., None], h_ref * keep[..., None], f"{path}: hidden states")
+        g = torch.autograd.grad((h * w).sum(), list(m.parameters()), allow_unused=True)
+        for (name, _), a, b in zip(m.named_parameters(), g, g_ref):
+            if b is None:
+                continue
+            assert a is not None, f"{path}: {name} gets no gradient"
+            assert_close(a, b, f"{path}: gradient of {name}")
+    assert seen <= {"sdpa", "dense", "banded", "flash_bias"}
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["enc", "dec"])
+def test_narrow_tisa_is_clipped_and_exact(causal: bool) -> None:
+    """TISA kernels that underflow to exactly 0 beyond a window declare it; the banded path
+    then equals the reference, gradients of a, b, c included."""
+    ids = torch.randint(0, 23, (2, N), generator=torch.Generator().manual_seed(5))
+    keep = keep_mask(2, N)
+    models = {}
+    for path in ("reference", "fast"):
+        m = build({"name": "tisa", "n_kernels": 3}, causal, path)
+        with torch.no_grad():
+            for blk in m.blocks:
+                blk.attn.mechanisms[0].b.fill_(3.0)
+        models[path] = m
+    terms = models["fast"].blocks[0].attn.mechanisms[0].score_terms(
+        torch.zeros(2, 2, N, 8, dtype=F64), None, models["fast"].context(ids, None, keep, None))
+    assert terms[0].window is not None and 2 * terms[0].window + 1 <= N  # float64: exp underflows at −745
+    with using(Policy(**SMALL, force="banded")):  # type: ignore[arg-type]
+        h = models["fast"].hidden(ids, None, keep)
+    h_ref = models["reference"].hidden(ids, None, keep)
+    assert_close(h * keep[..., None], h_ref * keep[..., None], "hidden")
+    params = [p for n_, p in models["fast"].named_parameters() if "mechanisms" in n_]
+    ref_params = [p for n_, p in models["reference"].named_parameters() if "mechanisms" in n_]
+    for a, b in zip(torch.autograd.grad((h * keep[..., None]).sum(), params),
+                    torch.autograd.grad((h_ref * keep[..., None]).sum(), ref_params)):
+        assert_close(a, b, "TISA parameter gradient")
+
+
+def test_layer_never_names_a_mechanism() -> None:
+    import inspect
+
+    from posattn.attention import banded, flash_bias, layer
+
+    source = "".join(inspect.getsource(mod) for mod in (fast, banded, flash_bias, layer))
+    for name in posattn.names():
+        if name in ("none", "cat", "segment"):  # ordinary words
+            continue
+        assert f'"{name}"' not in source and f"'{name}'" not in source, name
+
+
+# -- inference cache ----------------------------------------------------------------------------
+def test_position_cache_reused_across_layers_and_batches_and_invalidated() -> None:
+    POSITION_CACHE.clear()
+    cfg = ModelConfig(vocab_size=23, d_model=16, n_layers=3, n_heads=2, d_ff=8, max_len=64,
+                      mechanisms=["t5"], attn_path="fast")
+    m = Encoder(cfg).eval()
+    with torch.no_grad():
+        a = m.hidden(torch.randint(0, 23, (2, 30)))
+        m.hidden(torch.randint(0, 23, (3, 30)))
+        assert POSITION_CACHE.misses == 1 and POSITION_CACHE.hits == 5  # 3 layers × 2 batches
+        m.blocks[0].attn.mechanisms[0].bias.weight.add_(1.0)  # shared T5 table changes
+        ids = torch.randint(0, 23, (2, 30))
+        b = m.hidden(ids)
+        assert POSITION_CACHE.misses == 2
+    ref = Encoder(ModelConfig(**{**cfg.to_dict(), "attn_path": "reference"})).eval()
+    ref.load_state_dict(m.state_dict())
+    with torch.no_grad():
+        assert_close(b, ref.hidden(ids), "after invalidation", 2e-5)
+    assert a.shape == (2, 30, 16)
+
+
+def test_low_rank_position_terms_cached_at_inference() -> None:
+    POSITION_CACHE.clear()
+    cfg = ModelConfig(vocab_size=23, d_model=32, n_layers=2, n_heads=2, d_ff=8, max_len=64,
+                      mechanisms=[{"name": "diet_abs", "sharing": "layer"}], attn_path="fast")
+    m = Encoder(cfg).eval()
+    ids = torch.randint(0, 23, (2, 30))
+    with torch.no_grad():
+        q = torch.zeros(1, 2, 30, 16)
+        low = m.blocks[0].attn.mechanisms[0].score_terms(q, q, m.context(ids, None, None, None))
+        assert plan(q, low, False) == "dense"
+        m.hidden(ids)
+        m.hidden(ids)
+    assert POSITION_CACHE.misses == 1 and POSITION_CACHE.hits == 3
+    h = m.hidden(ids)  # with grad: folded, no cache
+    assert plan(q, [LowRank(low[0].u.requires_grad_(), low[0].v)], False) == "sdpa"
+    assert h.requires_grad
+
+
+# -- convolutions -------------------------------------------------------------------------------
+@pytest.mark.parametrize("k", [1, 2, 3, 5, 9, 130])
+def test_conv_methods_agree(k: int) -> None:
+    x = rand(2, 150, 6)
+    w = rand(6, k)
+    causal_only = k % 2 == 0
+    for causal in ([True] if causal_only else [True, False]):
+        left = k - 1 if causal else (k - 1) // 2
+        outs = {name: f(x, w, left) for name, f in METHODS.items()}
+        g = torch.randn_like(outs["conv1d"])
+        grads = {name: torch.autograd.grad(o, [x, w], g) for name, o in outs.items()}
+        for name in METHODS:
+            assert_close(outs[name], outs["conv1d"], f"{name} output")
+            for a, b in zip(grads[name], grads["conv1d"]):
+                assert_close(a, b, f"{name} gradient")
+    assert conv_method(k) == ("shift" if k <= 4 else "fft" if k >= 112 else "conv1d")
+    y = depthwise_conv1d(x, w[0], True, torch.ones(2, 150, dtype=torch.bool))
+    assert y.shape == x.shape
+
+
+def test_attention_module_uses_policy_override() -> None:
+    dims = posattn.mechanisms.Dims(16, 2, 1, 64, 2, False)
+    mech = posattn.mechanisms.build(["fixed_conv"], dims).layers[0]
+    attn = Attention(dims, mech).double()
+    ctx = posattn.mechanisms.Context(positions=torch.arange(40).expand(1, 40),
+                                     segments=torch.zeros(1, 40, dtype=torch.long), keep=None, causal=False)
+    x = rand(1, 40, 16)
+    with using(Policy(**SMALL, force="banded")):  # type: ignore[arg-type]
+        a = attn(x, ctx)
+    attn.path = "reference"
+    assert_close(a, attn(x, ctx), "layer output")
