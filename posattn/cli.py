@@ -33,7 +33,8 @@ def mechanisms_command(args: argparse.Namespace) -> None:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="posattn", description=__doc__)
+    p = argparse.ArgumentParser(prog="posattn", description="Positional information inside attention: "
+                                "list mechanisms, compare them, benchmark them, look inside models.")
     sub = p.add_subparsers(dest="command", required=True)
     m = sub.add_parser("mechanisms", help="list every mechanism with its properties")
     m.add_argument("--json", action="store_true", help="print a JSON list instead of a table")
@@ -44,13 +45,7 @@ def parser() -> argparse.ArgumentParser:
     m.add_argument("--decoder", action="store_true", help="count for a causal decoder")
     m.set_defaults(func=mechanisms_command)
     for area in AREAS:
-        try:
-            module = importlib.import_module(area)
-        except ModuleNotFoundError as e:
-            if not area.startswith(str(e.name)):  # area not written yet
-                raise
-            continue
-        module.register(sub)
+        importlib.import_module(area).register(sub)
     return p
 
 

@@ -59,6 +59,7 @@ class Policy:
     width_multiple: int = 8  # folded q/k/v widths are zero-padded to a multiple of this
     low_rank_dense_min: int = 16  # inference: a cached dense low-rank bias beats a fold this wide
     dense_cache_bytes: int = 1 << 26  # ... while the [h, n, n] bias is at most this big
+    causal_forms: bool = True  # use a Toeplitz term's low-rank causal_form under a causal mask
     use_flex: bool = True  # CUDA: FlexAttention when torch provides it
     force: Path | None = None  # tests and benchmarks: take this path whenever it applies
 
@@ -188,7 +189,7 @@ def plan(q: Tensor, terms: list[Term], causal: bool, dropout: float = 0.0, train
          policy: Policy | None = None) -> Path:
     """The algorithm :func:`attend` uses for these arguments."""
     policy = policy or policy_for(q.device)
-    terms = _resolve(terms, causal)
+    terms = _resolve(terms, causal and policy.causal_forms)
     rest = [t for t in terms if not isinstance(t, LowRank)]
     low = [t for t in terms if isinstance(t, LowRank)]
     n = q.shape[-2]
@@ -248,7 +249,7 @@ def attend(
     """Attention output [b, h, n, d_v], equal to :func:`posattn.attention.reference.attend`."""
     policy = policy or policy_for(q.device)
     path = plan(q, terms, causal, dropout, training, policy)
-    terms = _resolve(terms, causal)
+    terms = _resolve(terms, causal and policy.causal_forms)
     low = [t for t in terms if isinstance(t, LowRank)]
     rest = [t for t in terms if not isinstance(t, LowRank)]
     scale = 1.0 / math.sqrt(q.shape[-1])
