@@ -59,7 +59,6 @@ class Policy:
     width_multiple: int = 8  # folded q/k/v widths are zero-padded to a multiple of this
     low_rank_dense_min: int = 16  # inference: a cached dense low-rank bias beats a fold this wide
     dense_cache_bytes: int = 1 << 26  # ... while the [h, n, n] bias is at most this big
-    causal_forms: bool = True  # use a Toeplitz term's low-rank causal_form under a causal mask
     use_flex: bool = True  # CUDA: FlexAttention when torch provides it
     force: Path | None = None  # tests and benchmarks: take this path whenever it applies
 
@@ -121,7 +120,7 @@ def fold_low_rank(q: Tensor, k: Tensor, v: Tensor, terms: list[LowRank], scale: 
 
 
 def _batch_free(t: Tensor) -> bool:
-    """True when every batch row of t is the same (positions alone, not tokens, decide it)."""
+    """True when every batch row of t is the same, so one [1, h, n, n] bias serves the batch."""
     return t.shape[0] == 1 or bool(torch.equal(t, t[:1].expand_as(t)))
 
 
@@ -161,7 +160,7 @@ def _dense_bias(terms: list[Term], n: int) -> Tensor:
         if isinstance(t, QueryRelative):
             part = query_relative_bias(t, n)
         elif isinstance(t, LowRank):
-            part = (t.u @ t.v.transpose(-1, -2))
+            part = t.u @ t.v.transpose(-1, -2)
         else:
             part = t.dense(n)
         total = part if total is None else total + part
@@ -189,7 +188,7 @@ def plan(q: Tensor, terms: list[Term], causal: bool, dropout: float = 0.0, train
          policy: Policy | None = None) -> Path:
     """The algorithm :func:`attend` uses for these arguments."""
     policy = policy or policy_for(q.device)
-    terms = _resolve(terms, causal and policy.causal_forms)
+    terms = _resolve(terms, causal)
     rest = [t for t in terms if not isinstance(t, LowRank)]
     low = [t for t in terms if isinstance(t, LowRank)]
     n = q.shape[-2]
@@ -249,7 +248,7 @@ def attend(
     """Attention output [b, h, n, d_v], equal to :func:`posattn.attention.reference.attend`."""
     policy = policy or policy_for(q.device)
     path = plan(q, terms, causal, dropout, training, policy)
-    terms = _resolve(terms, causal and policy.causal_forms)
+    terms = _resolve(terms, causal)
     low = [t for t in terms if isinstance(t, LowRank)]
     rest = [t for t in terms if not isinstance(t, LowRank)]
     scale = 1.0 / math.sqrt(q.shape[-1])
