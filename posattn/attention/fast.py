@@ -157,12 +157,7 @@ def _term_tensors(terms: list[Term]) -> list[Tensor]:
 def _dense_bias(terms: list[Term], n: int) -> Tensor:
     total: Tensor | None = None
     for t in terms:
-        if isinstance(t, QueryRelative):
-            part = query_relative_bias(t, n)
-        elif isinstance(t, LowRank):
-            part = t.u @ t.v.transpose(-1, -2)
-        else:
-            part = t.dense(n)
+        part = query_relative_bias(t, n) if isinstance(t, QueryRelative) else t.dense(n)
         total = part if total is None else total + part
     assert total is not None
     return total if total.dim() == 4 else total.unsqueeze(0)
