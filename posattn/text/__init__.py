@@ -1,0 +1,1 @@
+"""Real text: offline sources, tokenizers, tokenised corpora (memory-mapped token ids)."""
