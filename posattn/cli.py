@@ -8,7 +8,7 @@ import sys
 
 from .errors import PositionError
 
-AREAS = ["posattn.tasks.cli", "posattn.bench.cli", "posattn.analysis.cli"]
+AREAS = ["posattn.tasks.cli", "posattn.train.cli", "posattn.bench.cli", "posattn.analysis.cli"]
 
 
 def mechanisms_command(args: argparse.Namespace) -> None:
@@ -20,9 +20,10 @@ def mechanisms_command(args: argparse.Namespace) -> None:
     if args.json:
         print(json.dumps(rows, indent=2))
         return
-    head = ["name", "acts on", "inductive", "transl. inv.", "pos. params", "paper"]
+    head = ["name", "acts on", "inductive", "transl. inv.", "pos. params", "decoder", "paper"]
     table = [[r["name"], ",".join(r["acts_on"]) or "-", "yes" if r["inductive"] else "no",
-              "yes" if r["translation_invariant"] else "no", f"{r['positional_params']:,}", r["paper"]]
+              "yes" if r["translation_invariant"] else "no", f"{r['positional_params']:,}",
+              "yes" if r["decoder"] else "no", r["paper"]]
              for r in rows]
     widths = [max(len(str(x)) for x in col) for col in zip(head, *table)]
     kind = "decoder" if args.decoder else "encoder"

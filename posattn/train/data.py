@@ -1,0 +1,189 @@
+"""Pretraining batches from a tokenised corpus, a pure function of (seed, step).
+
+Masked LM (Devlin et al. 2019, as Chang et al. §A.1: sentence pairs, no next-sentence
+prediction): each epoch cuts every document into instances ``[CLS] A [SEP] B [SEP]`` of whole
+consecutive sentences filling the max length (10% of them shorter, as BERT), A/B split at a
+random sentence boundary, segment ids 0/1; instances are shuffled. Each token other than the
+special ones is chosen with probability 15%; a chosen token becomes [MASK] (80%), a random
+ordinary token (10%) or stays (10%); labels are -100 elsewhere.
+
+Causal LM: the token stream (documents separated by [SEP]) in windows of ``n + 1`` tokens at an
+epoch-dependent offset, shuffled; inputs are the first n, targets the last n.
+
+Every random choice is seeded by ``(seed, epoch)`` or ``(seed, step)``, so the global batch of a
+step is the same whatever the number of processes, micro-batches or restarts: a rank takes its
+slice of it (:meth:`Batch.shard`).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from ..text.corpus import Split
+from ..text.tokenizer import SpecialIds
+
+IGNORE = -100
+SHORT_PROB = 0.1
+
+
+@dataclass
+class Batch:
+    """Tensors of one (global or per-rank) batch; ``labels`` is IGNORE where nothing is scored."""
+
+    input_ids: Tensor
+    labels: Tensor
+    segment_ids: Tensor
+    attention_mask: Tensor
+
+    def shard(self, index: int, count: int) -> "Batch":
+        """The ``index``-th of ``count`` equal consecutive slices along the batch."""
+        size = self.input_ids.shape[0] // count
+        return Batch(*(getattr(self, f.name)[index * size:(index + 1) * size] for f in fields(self)))
+
+    def to(self, device: torch.device) -> "Batch":
+        return Batch(*(getattr(self, f.name).to(device, non_blocking=True) for f in fields(self)))
+
+    @property
+    def targets(self) -> int:
+        return int((self.labels != IGNORE).sum())
+
+
+def _rng(*key: int) -> np.random.Generator:
+    return np.random.default_rng([abs(k) for k in key])
+
+
+def mlm_instances(split: Split, length: int, rng: np.random.Generator) -> np.ndarray:
+    """Instances [N, 4] (A start, A end, B start, B end) in token offsets, BERT-style packing."""
+    target_max = length - 3
+    spans, docs = np.asarray(split.sentences), np.asarray(split.documents)
+    out: list[tuple[int, int, int, int]] = []
+    for d in range(len(docs) - 1):
+        first, last = int(docs[d]), int(docs[d + 1])
+        target = target_max if rng.random() >= SHORT_PROB else int(rng.integers(2, target_max + 1))
+        chunk: list[int] = []
+        size = 0
+        for s in range(first, last):
+            chunk.append(s)
+            size += int(spans[s, 1] - spans[s, 0])
+            if size >= target or s == last - 1:
+                cut = int(rng.integers(1, len(chunk))) if len(chunk) > 1 else 1
+                a0, a1 = int(spans[chunk[0], 0]), int(spans[chunk[cut - 1], 1])
+                b0, b1 = (int(spans[chunk[cut], 0]), int(spans[chunk[-1], 1])) if cut < len(chunk) else (a1, a1)
+                out.append(_truncate(a0, a1, b0, b1, target_max))
+                chunk, size = [], 0
+                target = target_max if rng.random() >= SHORT_PROB else int(rng.integers(2, target_max + 1))
+    return np.asarray(out, np.int64).reshape(-1, 4)
+
+
+def _truncate(a0: int, a1: int, b0: int, b1: int, budget: int) -> tuple[int, int, int, int]:
+    """Drop tokens from the end of the longer segment until both fit in ``budget``."""
+    while (a1 - a0) + (b1 - b0) > budget:
+        if a1 - a0 >= b1 - b0:
+            a1 -= 1
+        else:
+            b1 -= 1
+    return a0, a1, b0, b1
+
+
+class Batches:
+    """The global batch of any step for one objective, split and sequence length."""
+
+    def __init__(self, split: Split, objective: str, length: int, batch_size: int, seed: int,
+                 specials: SpecialIds, vocab_size: int, mask_prob: float = 0.15) -> None:
+        self.split, self.objective, self.length, self.batch_size = split, objective, length, batch_size
+        self.seed, self.specials, self.vocab_size, self.mask_prob = seed, specials, vocab_size, mask_prob
+        self._epoch: tuple[int, np.ndarray, np.ndarray] | None = None
+        specials_mask = torch.zeros(vocab_size, dtype=torch.bool)
+        specials_mask[list(specials.all())] = True
+        self.ordinary = torch.nonzero(~specials_mask).squeeze(1)  # random replacements draw from these
+
+    @classmethod
+    def evaluation(cls, split: Split, objective: str, length: int, specials: SpecialIds, vocab_size: int,
+                   mask_prob: float = 0.15) -> "Batches":
+        """Fixed held-out batches: units in corpus order (no shuffling), masks seeded per batch."""
+        return cls(split, objective, length, 1, 0, specials, vocab_size, mask_prob)
+
+    def fixed(self, sequences: int, batch_size: int) -> list[Batch]:
+        """The first ``sequences`` units of epoch 0 in corpus order, in batches (for evaluation)."""
+        units = self.epoch_plan(0)[0][:sequences]
+        out = []
+        for i in range(0, len(units), batch_size):
+            rows = units[i:i + batch_size]
+            out.append(self.windows([int(r) for r in rows]) if self.objective == "clm"
+                       else self.pairs(rows, _rng(self.seed, i, 3)))
+        return out
+
+    def epoch_plan(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
+        """(units, order) of ``epoch``: MLM instances or window starts, and their shuffled order."""
+        if self._epoch is None or self._epoch[0] != epoch:
+            rng = _rng(self.seed, epoch, 1)
+            if self.objective == "mlm":
+                units = mlm_instances(self.split, self.length, rng)
+            else:
+                offset = int(rng.integers(0, self.length)) if epoch else 0
+                units = np.arange(offset, self.split.n_tokens - self.length - 1, self.length, dtype=np.int64)
+            self._epoch = (epoch, units, rng.permutation(len(units)))
+        return self._epoch[1], self._epoch[2]
+
+    def units_per_epoch(self) -> int:
+        """Units of epoch 0; a step's position in the stream counts epochs of this size (a later
+        epoch with a different count wraps or leaves its last units unused)."""
+        return len(self.epoch_plan(0)[0])
+
+    def indices(self, step: int) -> list[tuple[int, int]]:
+        """(epoch, unit) pairs of the ``batch_size`` units of ``step``, epoch after epoch."""
+        per_epoch = self.units_per_epoch()
+        out = []
+        for g in range(step * self.batch_size, (step + 1) * self.batch_size):
+            epoch, k = divmod(g, per_epoch)
+            units, order = self.epoch_plan(epoch)
+            if k >= len(units):  # a later epoch cut fewer units: wrap inside it
+                k %= len(units)
+            out.append((epoch, int(order[k])))
+        return out
+
+    def batch(self, step: int) -> Batch:
+        """The global batch of optimizer step ``step``."""
+        picks = self.indices(step)
+        rows = [self.epoch_plan(e)[0][u] for e, u in picks]
+        if self.objective == "clm":
+            return self.windows([int(r) for r in rows])
+        return self.pairs(np.stack(rows), _rng(self.seed, step, 2))
+
+    def windows(self, starts: list[int]) -> Batch:
+        """Causal-LM inputs and next-token targets from windows starting at ``starts``."""
+        tokens = self.split.tokens
+        block = torch.from_numpy(np.stack([np.asarray(tokens[s:s + self.length + 1], np.int64) for s in starts]))
+        ones = torch.ones(len(starts), self.length, dtype=torch.bool)
+        return Batch(block[:, :-1].contiguous(), block[:, 1:].contiguous(), torch.zeros_like(ones, dtype=torch.long), ones)
+
+    def pairs(self, rows: np.ndarray, rng: np.random.Generator) -> Batch:
+        """``[CLS] A [SEP] B [SEP]`` rows padded to the length, masked with ``rng``."""
+        sp, tokens = self.specials, self.split.tokens
+        ids = np.full((len(rows), self.length), sp.pad, np.int64)
+        seg = np.zeros_like(ids)
+        for i, (a0, a1, b0, b1) in enumerate(rows):
+            a, b = np.asarray(tokens[a0:a1], np.int64), np.asarray(tokens[b0:b1], np.int64)
+            row = [sp.cls, *a, sp.sep] + ([*b, sp.sep] if len(b) else [])
+            ids[i, :len(row)] = row
+            seg[i, len(a) + 2:len(row)] = 1
+        return self.mask(torch.from_numpy(ids), torch.from_numpy(seg), rng)
+
+    def mask(self, ids: Tensor, seg: Tensor, rng: np.random.Generator) -> Batch:
+        """BERT masking: 15% of ordinary tokens chosen; 80% [MASK], 10% random, 10% kept."""
+        special = torch.zeros_like(ids, dtype=torch.bool)
+        for s in self.specials.all():
+            special |= ids == s
+        u = torch.from_numpy(rng.random(ids.shape + (2,)))
+        chosen = (u[..., 0] < self.mask_prob) & ~special
+        labels = torch.where(chosen, ids, torch.full_like(ids, IGNORE))
+        masked = ids.clone()
+        to_mask = chosen & (u[..., 1] < 0.8)
+        to_random = chosen & (u[..., 1] >= 0.8) & (u[..., 1] < 0.9)
+        masked[to_mask] = self.specials.mask
+        randoms = self.ordinary[torch.from_numpy(rng.integers(0, len(self.ordinary), ids.shape))]
+        masked[to_random] = randoms[to_random]
+        return Batch(masked, labels, seg, ids != self.specials.pad)

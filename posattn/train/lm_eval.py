@@ -1,0 +1,168 @@
+"""``posattn eval-lm``: held-out perplexity (decoders) or masked-LM loss (encoders) against context length.
+
+Every model reads the same first ``tokens`` held-out tokens of its corpus, cut into windows of
+each evaluation length (1x-8x the training length by default); the score at a length is the mean
+cross-entropy per scored token over those windows, and perplexity its exponential. A mechanism
+that cannot run a length (e.g. ``absolute`` beyond its learned positions) gets no value there and
+the reason is recorded. For ``rope`` models, ``rope_scaling`` adds a row extended at evaluation
+time with position interpolation (``linear``) or YaRN (``yarn``), as CAT does: factor
+``length / training length`` at each longer length unless a fixed ``factor`` is given.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_model
+from tqdm.auto import tqdm
+
+from ..errors import PositionError
+from ..mechanisms import Spec
+from ..models.io import WEIGHTS, read_config
+from ..models.transformer import Transformer, build_model
+from ..text.corpus import Corpus, open_corpus
+from ..text.tokenizer import FILENAME, load_tokenizer, special_ids
+from .data import Batches
+from .plots import plot_lengths
+from .pretrain import evaluate
+
+SCALINGS = ("linear", "yarn")
+SCORE_BUDGET = 2 ** 24  # batch · length² per evaluation batch
+
+
+@dataclass
+class Subject:
+    """One model to evaluate: its label, checkpoint folder, config and corpus."""
+
+    label: str
+    folder: Path
+    config: dict[str, Any]
+    corpus: Corpus
+
+
+def subject(path: str | Path, corpus: str | Path | None = None, label: str | None = None) -> Subject:
+    """A pretraining run folder (its ``model/`` and corpus are used) or a model folder plus ``corpus``."""
+    path = Path(path)
+    run_config = path / "config.json"
+    folder = path / "model" if (path / "model").is_dir() else path
+    config = read_config(folder)
+    if corpus is None:
+        if folder == path or not run_config.exists():
+            raise PositionError(f"{path}: a model folder needs --corpus (a run folder records its own)")
+        corpus = json.loads(run_config.read_text())["corpus_folder"]
+    opened = open_corpus(corpus)
+    if (folder / FILENAME).exists():
+        mine = load_tokenizer(folder)
+        if mine.get_vocab() != opened.tokenizer.get_vocab():
+            raise PositionError(f"{folder}: its tokenizer differs from the corpus {opened.folder}'s "
+                                f"({mine.get_vocab_size()} vs {opened.vocab_size} entries); evaluate on a corpus "
+                                f"built with its tokenizer (posattn corpus --tokenizer {folder / FILENAME})")
+    if config["vocab_size"] != opened.vocab_size:
+        raise PositionError(f"{folder}: the model's vocabulary ({config['vocab_size']}) does not match the corpus "
+                            f"{opened.folder} ({opened.vocab_size})")
+    name = label or (path.name if folder != path else path.parent.name if path.name == "model" else path.name)
+    return Subject(name, folder, config, opened)
+
+
+def with_rope_scaling(config: dict[str, Any], scaling: str, factor: float) -> dict[str, Any] | None:
+    """The config with every ``rope`` mechanism rescaled, or None if the model has no rope."""
+    specs = [Spec.parse(m) for m in config["mechanisms"]]
+    if not any(s.name == "rope" for s in specs):
+        return None
+    train_length = config["max_len"]
+    mechanisms = [{"name": "rope", **s.options, "scaling": scaling, "factor": factor, "original_max_len": train_length}
+                  if s.name == "rope" else s.to_json() for s in specs]
+    return {**config, "mechanisms": mechanisms}
+
+
+def _model(config: dict[str, Any], folder: Path, device: torch.device) -> Transformer:
+    model = build_model(config)
+    load_model(model, str(folder / WEIGHTS))
+    return model.to(device).eval()
+
+
+def score(model: Transformer, corpus: Corpus, length: int, tokens: int, device: torch.device) -> dict[str, float]:
+    """Mean held-out loss per scored token (and perplexity) over ``tokens`` tokens in windows of ``length``."""
+    objective = "clm" if model.causal else "mlm"
+    specials = special_ids(corpus.tokenizer)
+    data = Batches.evaluation(corpus.splits["valid"], objective, length, specials, corpus.vocab_size)
+    sequences = max(1, tokens // length)
+    batches = data.fixed(sequences, max(1, min(sequences, SCORE_BUDGET // length ** 2)))
+    if not batches:
+        raise PositionError(f"the held-out split of {corpus.folder} is shorter than one window of {length} tokens")
+    model.context(batches[0].input_ids[:1].to(device), None, None, None)
+    out = evaluate(model, batches, device)
+    out["valid_perplexity"] = math.exp(min(out["valid_loss"], 50.0))
+    return out
+
+
+def length_sweep(subjects: list[Subject], multipliers: list[float] | None = None, lengths: list[int] | None = None,
+                 tokens: int = 32768, rope_scaling: str | None = None, factor: float | None = None,
+                 device: str = "auto", progress: bool = True) -> list[dict[str, Any]]:
+    """One row per model (and per rescaled rope model): loss and perplexity at every length."""
+    if rope_scaling is not None and rope_scaling not in SCALINGS:
+        raise PositionError(f"--rope-scaling must be one of {', '.join(SCALINGS)}, got {rope_scaling!r}")
+    if factor is not None and factor < 1:
+        raise PositionError(f"--factor must be >= 1, got {factor}")
+    dev = torch.device("cuda" if device == "auto" and torch.cuda.is_available() else "cpu" if device == "auto" else device)
+    jobs = []
+    for s in subjects:
+        train_length = s.config["max_len"]
+        todo = lengths or [int(round(m * train_length)) for m in (multipliers or [1, 2, 4, 8])]
+        jobs.append((s, s.label, None, todo))
+        if rope_scaling and with_rope_scaling(s.config, rope_scaling, 2.0) is not None:
+            jobs.append((s, f"{s.label} + {rope_scaling}", rope_scaling, todo))
+    rows = []
+    bar = tqdm(total=sum(len(j[3]) for j in jobs), desc="eval-lm", disable=not progress, dynamic_ncols=True)
+    for s, label, scaling, todo in jobs:
+        row: dict[str, Any] = {"label": label, "model": str(s.folder), "kind": s.config["kind"],
+                               "mechanisms": s.config["mechanisms"], "train_length": s.config["max_len"],
+                               "rope_scaling": scaling, "valid_loss": {}, "valid_perplexity": {}, "skipped": {}}
+        for n in todo:
+            config = s.config
+            if scaling:
+                f = factor if factor is not None else max(1.0, n / s.config["max_len"])
+                config = with_rope_scaling(s.config, scaling, f)
+                row.setdefault("factor", {})[str(n)] = f
+            try:
+                result = score(_model(config, s.folder, dev), s.corpus, n, tokens, dev)
+                row["valid_loss"][str(n)] = result["valid_loss"]
+                row["valid_perplexity"][str(n)] = result["valid_perplexity"]
+            except PositionError as e:
+                row["valid_loss"][str(n)] = row["valid_perplexity"][str(n)] = None
+                row["skipped"][str(n)] = str(e)
+            bar.update(1)
+        rows.append(row)
+    bar.close()
+    return rows
+
+
+def write_report(rows: list[dict[str, Any]], out: str | Path) -> Path:
+    """``lengths.json``, ``report.md`` and ``perplexity_vs_length.png`` (or ``mlm_loss_vs_length.png``)."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "lengths.json").write_text(json.dumps(rows, indent=2))
+    lengths = sorted({int(n) for r in rows for n in r["valid_loss"]})
+    lines = ["| model | " + " | ".join(str(n) for n in lengths) + " |", "|---|" + "---|" * len(lengths)]
+    for r in rows:
+        metric = "valid_perplexity" if r["kind"] == "decoder" else "valid_loss"
+        cells = [f"{r[metric][str(n)]:.2f}" if r[metric].get(str(n)) is not None else "–" for n in lengths]
+        lines.append(f"| {r['label']} | " + " | ".join(cells) + " |")
+    notes = [f"- {r['label']} at {n}: {why}" for r in rows for n, why in r["skipped"].items()]
+    kinds = {r["kind"] for r in rows}
+    what = ("perplexity (decoders)" if kinds == {"decoder"} else "masked-LM loss (encoders)" if kinds == {"encoder"}
+            else "perplexity (decoders) / masked-LM loss (encoders)")
+    text = [f"# Held-out {what} against evaluation length", "", *lines]
+    if notes:
+        text += ["", "Not run:", *notes]
+    (out / "report.md").write_text("\n".join(text) + "\n")
+    for kind, metric, name in (("decoder", "valid_perplexity", "perplexity_vs_length.png"),
+                               ("encoder", "valid_loss", "mlm_loss_vs_length.png")):
+        mine = [r for r in rows if r["kind"] == kind]
+        if mine:
+            plot_lengths(mine, out / name, mine[0]["train_length"], metric)
+    return out / "report.md"

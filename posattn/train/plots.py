@@ -1,0 +1,64 @@
+"""PNG plots of pretraining runs, recipes and length sweeps (matplotlib, no display needed)."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+
+def plot_run(history: list[dict[str, Any]], path: Path, title: str) -> None:
+    """Training loss and held-out loss against step; held-out accuracy on the right axis."""
+    train = [r for r in history if "loss" in r]
+    valid = [r for r in history if "valid_loss" in r]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.plot([r["step"] for r in train], [r["loss"] for r in train], label="train loss", alpha=0.7)
+    ax.plot([r["step"] for r in valid], [r["valid_loss"] for r in valid], "o-", label="held-out loss")
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel("cross-entropy per scored token")
+    right = ax.twinx()
+    right.plot([r["step"] for r in valid], [r["valid_accuracy"] for r in valid], "s--", color="tab:green",
+               label="held-out accuracy")
+    right.set_ylabel("accuracy")
+    lines = ax.get_legend_handles_labels()[0] + right.get_legend_handles_labels()[0]
+    ax.legend(lines, [ln.get_label() for ln in lines], loc="upper right")
+    ax.set_title(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def plot_recipe(histories: dict[str, list[dict[str, Any]]], path: Path, title: str) -> None:
+    """Held-out loss curves of every run of a recipe on one axis."""
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for label, history in histories.items():
+        valid = [r for r in history if "valid_loss" in r]
+        ax.plot([r["step"] for r in valid], [r["valid_loss"] for r in valid], "o-", ms=3, label=label)
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel("held-out loss")
+    ax.set_title(title)
+    ax.legend(fontsize=8, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def plot_lengths(rows: list[dict[str, Any]], path: Path, train_length: int, metric: str) -> None:
+    """``metric`` against evaluation length, one line per model (log-log axes)."""
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for row in rows:
+        points = [(int(n), v) for n, v in row[metric].items() if v is not None]
+        if points:
+            ax.plot(*zip(*sorted(points)), "o-", label=row["label"])
+    ax.axvline(train_length, color="grey", ls=":", label="training length")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("evaluation context length (tokens)")
+    ax.set_ylabel(metric.replace("_", " "))
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

@@ -1,0 +1,330 @@
+"""``posattn pretrain``: masked-LM encoders and causal-LM decoders on a tokenised corpus.
+
+One run writes to its folder::
+
+    config.json         the resolved :class:`~.config.PretrainConfig` and the corpus it read
+    checkpoint.pt       model, optimizer, scheduler, grad scaler, step, RNG state of every rank
+    model/              the latest weights as a posattn checkpoint + tokenizer.json (for finetuning)
+    metrics.jsonl       one line per log interval (loss, lr, tokens/s) and per evaluation
+    loss.png            training and held-out loss curves
+    result.json         written when the run is finished: final held-out metrics, speed, time
+
+The loop is deterministic: the batch of a step is a function of (seed, step) alone
+(:mod:`.data`), and a checkpoint holds everything else, so killing a run at any moment and
+running the same command again continues it and ends with the weights of an uninterrupted run.
+Under ``torchrun`` it runs DistributedDataParallel (gloo on CPU, NCCL on GPU): each rank takes
+its slice of every global batch, and only rank 0 writes.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from tqdm.auto import tqdm
+
+from ..errors import PositionError
+from ..models.io import save
+from ..models.transformer import MODEL_KINDS, Transformer
+from ..text.corpus import Corpus, build_corpus, open_corpus
+from ..text.sources import load_documents
+from ..text.tokenizer import FILENAME, special_ids
+from .config import PretrainConfig
+from .data import Batch, Batches
+from .objective import objective_for
+from .plots import plot_run
+
+CHECKPOINT, RESULT, METRICS = "checkpoint.pt", "result.json", "metrics.jsonl"
+DEFAULT_CORPUS = Path("runs/corpus/default")
+
+
+@dataclass(frozen=True)
+class World:
+    """This process's place in a (possibly single-process) data-parallel job."""
+
+    rank: int = 0
+    size: int = 1
+    local_rank: int = 0
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+    def barrier(self) -> None:
+        if self.size > 1:
+            dist.barrier()
+
+
+def init_world(device: str) -> tuple[World, torch.device]:
+    """Read torchrun's environment; start the process group (NCCL on CUDA, gloo on CPU)."""
+    size = int(os.environ.get("WORLD_SIZE", "1"))
+    world = World(int(os.environ.get("RANK", "0")), size, int(os.environ.get("LOCAL_RANK", "0")))
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    dev = torch.device(device)
+    if dev.type == "cuda" and dev.index is None:
+        dev = torch.device("cuda", world.local_rank if size > 1 else torch.cuda.current_device())
+    if size > 1 and not dist.is_initialized():
+        if dev.type == "cuda":
+            torch.cuda.set_device(dev)
+        dist.init_process_group("nccl" if dev.type == "cuda" else "gloo")
+    return world, dev
+
+
+def resolve_corpus(name: str, world: World) -> Corpus:
+    """Open the corpus folder; ``default`` is built from the offline sources on first use (by rank 0)."""
+    if name != "default":
+        return open_corpus(name)
+    if world.main and not (DEFAULT_CORPUS / "meta.json").exists():
+        print(f"building the default corpus in {DEFAULT_CORPUS} (BBC news + Shakespeare, WordPiece 8192) ...")
+        build_corpus(load_documents(), DEFAULT_CORPUS, description="default: bbc + shakespeare")
+    world.barrier()
+    return open_corpus(DEFAULT_CORPUS)
+
+
+def autocast(precision: str, device: torch.device) -> tuple[contextlib.AbstractContextManager, bool]:
+    """The autocast context for ``precision`` on ``device`` and whether fp16 loss scaling is needed."""
+    if precision == "auto":
+        precision = "bf16" if device.type == "cuda" and torch.cuda.is_bf16_supported() else "fp32"
+    if precision == "fp32":
+        return contextlib.nullcontext(), False
+    if precision == "fp16" and device.type != "cuda":
+        raise PositionError("precision fp16 needs a CUDA device; use bf16 or fp32 on the CPU")
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float16
+    return torch.autocast(device.type, dtype=dtype), precision == "fp16"
+
+
+def build_model(cfg: PretrainConfig, corpus: Corpus) -> Transformer:
+    """A fresh model (seeded by ``cfg.seed``) sized by the preset, with the corpus's vocabulary."""
+    torch.manual_seed(cfg.seed)
+    return MODEL_KINDS[cfg.kind](cfg.model_config(corpus.vocab_size))
+
+
+@torch.no_grad()
+def evaluate(model: Transformer, batches: list[Batch], device: torch.device,
+             amp: contextlib.AbstractContextManager | None = None) -> dict[str, float]:
+    """Held-out loss per scored token, accuracy, and perplexity (causal LM) over fixed batches."""
+    objective = objective_for(model)
+    was = model.training
+    model.eval()
+    loss = correct = count = 0.0
+    for batch in batches:
+        with amp or contextlib.nullcontext():
+            s, c = objective(batch.to(device))
+        loss, correct, count = loss + float(s), correct + float(c), count + batch.targets
+    model.train(was)
+    out = {"valid_loss": loss / count, "valid_accuracy": correct / count}
+    if not isinstance(model, MODEL_KINDS["encoder"]):
+        out["valid_perplexity"] = math.exp(min(out["valid_loss"], 50.0))
+    return out
+
+
+def _load_checkpoint(path: Path) -> dict[str, Any]:
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as e:  # a truncated or foreign file fails inside pickle or zipfile
+        raise PositionError(f"checkpoint {path} is unreadable ({type(e).__name__}: {e}); "
+                            f"move it away to start over, nothing was overwritten") from None
+    if not isinstance(state, dict) or "model" not in state or "config" not in state:
+        raise PositionError(f"{path} is not a posattn pretraining checkpoint; nothing was overwritten")
+    return state
+
+
+def _check_resume(state: dict[str, Any], cfg: PretrainConfig, corpus: Corpus, path: Path) -> None:
+    """Refuse a checkpoint written with another config or corpus, naming what differs."""
+    old = state["config"]
+    diff = [f"{k}: {old.get(k)!r} -> {v!r}" for k, v in cfg.to_dict().items() if old.get(k) != v]
+    if diff:
+        raise PositionError(f"{path} was written with a different config ({'; '.join(diff)}); "
+                            f"use another output folder or the original settings; nothing was overwritten")
+    if state.get("corpus") != corpus.fingerprint:
+        raise PositionError(f"{path} was trained on another corpus (fingerprint {state.get('corpus')}, "
+                            f"now {corpus.fingerprint} in {corpus.folder}); nothing was overwritten")
+
+
+def _atomic_save(obj: Any, path: Path) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    torch.save(obj, tmp)
+    os.replace(tmp, path)
+
+
+def _gather_rng(world: World, device: torch.device) -> list[Any]:
+    """Every rank's RNG states (dropout streams), gathered on all ranks."""
+    mine = {"cpu": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None}
+    if world.size == 1:
+        return [mine]
+    out: list[Any] = [None] * world.size
+    dist.all_gather_object(out, mine)
+    return out
+
+
+def _set_rng(states: list[Any], world: World, device: torch.device) -> None:
+    if len(states) != world.size:
+        raise PositionError(f"the checkpoint was written by {len(states)} processes, this run has {world.size}; "
+                            f"resume with the same number of processes")
+    torch.set_rng_state(states[world.rank]["cpu"])
+    if device.type == "cuda" and states[world.rank]["cuda"] is not None:
+        torch.cuda.set_rng_state(states[world.rank]["cuda"], device)
+
+
+def _rewrite_metrics(path: Path, upto: int) -> list[dict[str, Any]]:
+    """Keep the metric lines of steps <= ``upto`` (a killed run may have logged beyond its checkpoint)."""
+    if not path.exists():
+        return []
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    rows = [r for r in rows if r["step"] <= upto]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return rows
+
+
+def pretrain(cfg: PretrainConfig, out: str | Path, *, device: str = "auto", progress: bool = True,
+             on_step: Callable[[int], None] | None = None) -> dict[str, Any]:
+    """Train (or resume, or just report a finished run) into ``out``; returns the result dict.
+
+    ``on_step(step)`` is called after every optimizer step (tests use it to interrupt a run)."""
+    out = Path(out)
+    world, dev = init_world(device)
+    if (out / RESULT).exists():
+        written = json.loads((out / "config.json").read_text())
+        diff = [k for k, v in cfg.to_dict().items() if written.get(k) != v]
+        if diff:
+            raise PositionError(f"{out} holds a finished run with other settings ({', '.join(diff)}); "
+                                f"use another output folder")
+        return json.loads((out / RESULT).read_text())
+    corpus = resolve_corpus(cfg.corpus, world)
+    specials = special_ids(corpus.tokenizer, str(corpus.folder))
+    per_rank, rem = divmod(cfg.batch_size, world.size * cfg.grad_accum)
+    if rem or per_rank == 0:
+        raise PositionError(f"batch_size {cfg.batch_size} must be a multiple of processes × grad_accum = "
+                            f"{world.size} × {cfg.grad_accum}")
+    model = build_model(cfg, corpus).to(dev)
+    objective = objective_for(model)
+    train_data = Batches(corpus.splits["train"], cfg.objective, cfg.length, cfg.batch_size, cfg.seed, specials,
+                         corpus.vocab_size, cfg.mask_prob)
+    valid_data = Batches.evaluation(corpus.splits["valid"], cfg.objective, cfg.length, specials, corpus.vocab_size,
+                                    cfg.mask_prob).fixed(cfg.eval_sequences, max(1, min(64, cfg.batch_size)))
+    if not valid_data:
+        raise PositionError(f"corpus {corpus.folder}: the valid split is too short for one sequence of {cfg.length}")
+    model.context(valid_data[0].input_ids[:1].to(dev), None, None, None)  # a length the mechanisms refuse fails here
+
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    rest = [p for p in model.parameters() if p.dim() < 2]
+    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
+                                   {"params": rest, "weight_decay": 0.0}], lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, cfg.lr_factor)
+    amp, scaled = autocast(cfg.precision, dev)
+    scaler = torch.amp.GradScaler(dev.type, enabled=scaled)
+    step, elapsed, tokens_seen = 0, 0.0, 0
+    path = out / CHECKPOINT
+    if path.exists():
+        state = _load_checkpoint(path)
+        _check_resume(state, cfg, corpus, path)
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
+        scaler.load_state_dict(state["scaler"])
+        _set_rng(state["rng"], world, dev)
+        step, elapsed, tokens_seen = state["step"], state["elapsed"], state["tokens"]
+    else:
+        torch.manual_seed(cfg.seed * 7919 + world.rank)  # dropout stream of this rank
+    if world.main:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "config.json").write_text(json.dumps({**cfg.to_dict(), "corpus_folder": str(corpus.folder),
+                                                     "corpus_fingerprint": corpus.fingerprint,
+                                                     "parameters": sum(p.numel() for p in model.parameters())}, indent=2))
+        history = _rewrite_metrics(out / METRICS, step)
+    trainer: nn.Module = objective
+    if world.size > 1:
+        trainer = nn.parallel.DistributedDataParallel(objective, device_ids=[dev.index] if dev.type == "cuda" else None,
+                                                      find_unused_parameters=True)
+
+    def checkpoint() -> None:
+        rng = _gather_rng(world, dev)
+        if world.main:
+            _atomic_save({"config": cfg.to_dict(), "corpus": corpus.fingerprint, "model": model.state_dict(),
+                          "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
+                          "scaler": scaler.state_dict(), "rng": rng, "step": step, "elapsed": elapsed,
+                          "tokens": tokens_seen}, path)
+            save(model, out / "model")
+            corpus.tokenizer.save(str(out / "model" / FILENAME))
+        world.barrier()
+
+    def log(row: dict[str, Any]) -> None:
+        if world.main:
+            history.append(row)
+            with open(out / METRICS, "a") as f:
+                f.write(json.dumps(row) + "\n")
+
+    bar = tqdm(total=cfg.steps, initial=step, desc=f"pretrain {cfg.name}", disable=not (progress and world.main),
+               dynamic_ncols=True)
+    window_loss = window_count = window_tokens = 0.0
+    window_start = time.perf_counter()
+    model.train()
+    while step < cfg.steps:
+        t0 = time.perf_counter()
+        batch = train_data.batch(step)
+        total = batch.targets
+        mine = batch.shard(world.rank, world.size)
+        loss_sum = torch.zeros((), device=dev)
+        for micro in range(cfg.grad_accum):
+            part = mine.shard(micro, cfg.grad_accum).to(dev)
+            sync = micro == cfg.grad_accum - 1 or world.size == 1
+            with (contextlib.nullcontext() if sync else trainer.no_sync()), amp:
+                s, _ = trainer(part)
+            scaler.scale(s * (world.size / total)).backward()
+            loss_sum += s.detach()
+        if world.size > 1:
+            dist.all_reduce(loss_sum)
+        loss = float(loss_sum) / total
+        if not math.isfinite(loss):
+            raise PositionError(f"pretrain {cfg.name}: the loss became {loss} at step {step}; lower lr "
+                                f"(now {cfg.lr}) or use fp32")
+        scaler.unscale_(optimizer)
+        if cfg.grad_clip > 0:
+            nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        scaler.step(optimizer)
+        scaler.update()
+        optimizer.zero_grad(set_to_none=True)
+        scheduler.step()
+        step += 1
+        real = int(batch.attention_mask.sum())
+        tokens_seen += real
+        elapsed += time.perf_counter() - t0
+        window_loss, window_count, window_tokens = window_loss + loss, window_count + 1, window_tokens + real
+        bar.update(1)
+        if step % cfg.log_every == 0 or step == cfg.steps:
+            speed = window_tokens / max(1e-9, time.perf_counter() - window_start)
+            row = {"step": step, "loss": window_loss / window_count, "lr": scheduler.get_last_lr()[0],
+                   "tokens_per_s": speed, "tokens": tokens_seen, "elapsed_s": elapsed}
+            log(row)
+            bar.set_postfix(loss=f"{row['loss']:.3f}", tok_s=f"{speed:,.0f}")
+            window_loss = window_count = window_tokens = 0.0
+        if step % cfg.eval_every == 0 or step == cfg.steps:
+            if world.main:
+                log({"step": step, **evaluate(model, valid_data, dev, amp)})
+            world.barrier()
+        if step % cfg.checkpoint_every == 0 or step == cfg.steps:
+            checkpoint()
+        if on_step is not None:
+            on_step(step)
+        window_start = window_start if window_count else time.perf_counter()
+    bar.close()
+    result = {"name": cfg.name, "objective": cfg.objective, "mechanisms": cfg.mechanisms, "steps": step,
+              "tokens": tokens_seen, "train_seconds": elapsed, "tokens_per_s": tokens_seen / max(elapsed, 1e-9),
+              "parameters": sum(p.numel() for p in model.parameters()), "processes": world.size,
+              "device": str(dev)}
+    if world.main:
+        evals = [r for r in history if "valid_loss" in r]
+        result.update({k: v for k, v in evals[-1].items() if k != "step"})
+        plot_run(history, out / "loss.png", cfg.name)
+        (out / RESULT).write_text(json.dumps(result, indent=2))
+    world.barrier()
+    return result

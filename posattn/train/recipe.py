@@ -1,0 +1,47 @@
+"""Run every run of a pretraining recipe in turn and summarise them (report.md, results.json, PNG).
+
+Each run lives in ``<out>/<label>/`` and resumes or is skipped like a single ``posattn pretrain``.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from .config import PretrainConfig
+from .plots import plot_recipe
+from .pretrain import METRICS, pretrain
+
+
+def run_recipe(name: str, runs: list[tuple[str, PretrainConfig]], out: str | Path, *, device: str = "auto",
+               progress: bool = True) -> list[dict[str, Any]]:
+    """Train every ``(label, config)`` into ``out/label``; write the recipe's summary into ``out``."""
+    out = Path(out)
+    if len(runs) == 1 and runs[0][0] == name:
+        return [pretrain(runs[0][1], out, device=device, progress=progress)]
+    results = []
+    for label, cfg in runs:
+        results.append({"label": label, **pretrain(cfg, out / label, device=device, progress=progress)})
+    write_summary(name, results, out)
+    return results
+
+
+def write_summary(name: str, results: list[dict[str, Any]], out: Path) -> None:
+    """``results.json``, ``report.md`` (one row per run) and ``valid_loss.png``."""
+    (out / "results.json").write_text(json.dumps(results, indent=2))
+    clm = results[0]["objective"] == "clm"
+    metric = "perplexity" if clm else "MLM accuracy"
+    lines = [f"# Pretraining recipe `{name}`", "",
+             f"| run | mechanisms | parameters | steps | tokens | held-out loss | held-out {metric} | tokens/s | minutes |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in results:
+        value = r["valid_perplexity"] if clm else r["valid_accuracy"]
+        mechs = " + ".join(m if isinstance(m, str) else m["name"] for m in r["mechanisms"]) or "none"
+        lines.append(f"| {r['label']} | {mechs} | {r['parameters']:,} | {r['steps']} | {r['tokens']:,} | "
+                     f"{r['valid_loss']:.3f} | {value:.3f} | {r['tokens_per_s']:,.0f} | {r['train_seconds'] / 60:.1f} |")
+    (out / "report.md").write_text("\n".join(lines) + "\n")
+    histories = {}
+    for r in results:
+        rows = (out / r["label"] / METRICS).read_text().splitlines()
+        histories[r["label"]] = [json.loads(line) for line in rows if line.strip()]
+    plot_recipe(histories, out / "valid_loss.png", f"{name}: held-out loss")
