@@ -1,4 +1,7 @@
-"""Save and load models: ``config.json`` (kind + ModelConfig) and ``model.safetensors``."""
+"""Save and load models: ``config.json`` (kind + ModelConfig) and ``model.safetensors``.
+
+``config.json`` also names ``model_type: "posattn"``, so ``transformers``' Auto classes load the
+folder directly once :mod:`posattn.hf` is imported."""
 from __future__ import annotations
 
 import json
@@ -17,7 +20,8 @@ def save(model: Transformer, folder: str | Path) -> Path:
     """Write the model to ``folder`` (created if needed); shared tensors are stored once."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / CONFIG).write_text(json.dumps({"format": "posattn", **model.config_dict()}, indent=2))
+    (folder / CONFIG).write_text(json.dumps({"format": "posattn", "model_type": "posattn",
+                                                **model.config_dict()}, indent=2))
     save_model(model, str(folder / WEIGHTS))
     return folder
 
@@ -33,7 +37,7 @@ def read_config(folder: str | Path) -> dict:
         raise PositionError(f"{path} is not valid JSON ({e})") from None
     if not isinstance(data, dict) or data.get("format") != "posattn":
         raise PositionError(f"{folder} is not a posattn checkpoint: {CONFIG} lacks format 'posattn'")
-    return {k: v for k, v in data.items() if k != "format"}
+    return {k: v for k, v in data.items() if k not in ("format", "model_type")}
 
 
 def is_checkpoint(folder: str | Path) -> bool:
