@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import posattn
 from posattn.attention import fast, reference
@@ -361,13 +362,17 @@ def test_conv_methods_agree(k: int) -> None:
     causal_only = k % 2 == 0
     for causal in ([True] if causal_only else [True, False]):
         left = k - 1 if causal else (k - 1) // 2
+        # reference: PyTorch's own grouped convolution and its autograd backward
+        ref = F.conv1d(F.pad(x.transpose(1, 2), (left, k - 1 - left)), w.unsqueeze(1), groups=6).transpose(1, 2)
         outs = {name: f(x, w, left) for name, f in METHODS.items()}
-        g = torch.randn_like(outs["conv1d"])
-        grads = {name: torch.autograd.grad(o, [x, w], g) for name, o in outs.items()}
-        for name in METHODS:
-            assert_close(outs[name], outs["conv1d"], f"{name} output")
-            for a, b in zip(grads[name], grads["conv1d"]):
+        g = torch.randn_like(ref)
+        g_ref = torch.autograd.grad(ref, [x, w], g)
+        for name, o in outs.items():
+            assert_close(o, ref, f"{name} output")
+            for a, b in zip(torch.autograd.grad(o, [x, w], g), g_ref):
                 assert_close(a, b, f"{name} gradient")
+        (gw,) = torch.autograd.grad(METHODS["conv1d"](x.detach(), w, left), [w], g)  # ∂w alone
+        assert_close(gw, g_ref[1], "conv1d weight gradient without input gradient")
     assert conv_method(k) == ("shift" if k <= 4 else "fft" if k >= 112 else "conv1d")
     y = depthwise_conv1d(x, w[0], True, torch.ones(2, 150, dtype=torch.bool))
     assert y.shape == x.shape
