@@ -6,7 +6,8 @@ structures of :mod:`.terms`, never a mechanism's name:
     q, k, v = split(x W_QKV)
     for m in mechanisms: q, k, v = m.transform_qkv(q, k, v)
     terms   = [t for m in mechanisms for t in m.score_terms(q, k)]
-    o       = attend(q, k, v, terms)            # reference or fast path
+    o       = attend(q, k, v, terms)            # reference or fast path,
+            | mixer.mix(q, k, v, terms, softmax) # or a mixer that replaces softmax(s)·V
     for m in mechanisms: o = m.transform_output(o, v)
     y       = merge(o) W_O
 """
@@ -17,7 +18,7 @@ from typing import Literal
 from torch import Tensor, nn
 
 from ..errors import PositionError
-from ..mechanisms.base import Context, Dims, Mechanism
+from ..mechanisms.base import Context, Dims, Mechanism, Softmax
 from . import fast, reference
 from .terms import Term
 
@@ -51,10 +52,18 @@ class Attention(nn.Module):
     def terms(self, q: Tensor, k: Tensor, ctx: Context) -> list[Term]:
         return [t for m in self.mechanisms for t in m.score_terms(q, k, ctx)]
 
+    def mix(self, q: Tensor, k: Tensor, v: Tensor, ctx: Context) -> Tensor:
+        """softmax(s)·V on the layer's path, or the layer's mixer in its place: [b, h, n, d_v]."""
+        softmax = Softmax(self.path, PATHS[self.path], ctx.keep, ctx.causal, self.dropout, self.training)
+        terms = self.terms(q, k, ctx)
+        for m in self.mechanisms:
+            if m.mixes:
+                return m.mix(q, k, v, terms, ctx, softmax)
+        return softmax(q, k, v, terms)
+
     def forward(self, x: Tensor, ctx: Context) -> Tensor:
         q, k, v = self.project(x, ctx)
-        attend = PATHS[self.path]
-        o = attend(q, k, v, self.terms(q, k, ctx), ctx.keep, ctx.causal, self.dropout, self.training)
+        o = self.mix(q, k, v, ctx)
         for m in self.mechanisms:
             o = m.transform_output(o, v, ctx)
         b, h, n, d = o.shape
@@ -62,5 +71,9 @@ class Attention(nn.Module):
 
     def scores(self, x: Tensor, ctx: Context) -> Tensor:
         """Pre-softmax scores [b, h, n, n] with every position term (reference form)."""
+        for m in self.mechanisms:
+            if m.mixes:
+                raise PositionError(f"{m.name}: replaces softmax attention; it has no n×n score matrix "
+                                    f"of n_heads heads to report")
         q, k, _ = self.project(x, ctx)
         return reference.scores(q, k, self.terms(q, k, ctx))

@@ -6,7 +6,7 @@ with one :class:`~posattn.errors.PositionError`, what it cannot honour.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Union
 
 from torch import nn
@@ -14,7 +14,8 @@ from torch import nn
 from ..errors import PositionError
 # Registration order is the order `posattn mechanisms` lists them in.
 from . import none, absolute, rope, alibi, t5, conv_bias, conv_layers, tisa, diet, segment, tupe  # noqa: F401, I001
-from .base import Context, Dims, Mechanism
+from . import convbert, lincat, landmark, linformer  # noqa: F401, I001  (mixers: they replace softmax(s)·V)
+from .base import Context, Dims, Mechanism, check_layer
 from .registry import REGISTRY, get, names
 
 SpecLike = Union[str, dict[str, Any], "Spec"]
@@ -87,13 +88,26 @@ def build(specs: list[SpecLike], dims: Dims) -> Built:
         one = cls(dims, shared, **s.options) if cls.layer_shared(s.options) else None
         for layer in built.layers:
             layer.append(one or cls(dims, shared, **s.options))
+    for layer in built.layers:
+        check_layer(layer)
     return built
 
 
+def runs_in_decoder(spec: SpecLike, dims: Dims) -> bool:
+    """Whether the mechanism accepts a causal model (Linformer-style mixers do not)."""
+    try:
+        validate([spec], replace(dims, causal=True))
+    except PositionError:
+        return False
+    return True
+
+
 def properties(spec: SpecLike, dims: Dims) -> dict[str, Any]:
-    """What ``posattn mechanisms`` reports for one mechanism, computed from the built modules."""
+    """What ``posattn mechanisms`` reports for one mechanism, computed from the built modules
+    (an encoder-only mechanism is counted as built for an encoder)."""
     s = Spec.parse(spec)
-    built = build([s], dims)
+    decoder = runs_in_decoder(s, dims)
+    built = build([s], dims if decoder else replace(dims, causal=False))
     mechs = built.input or list({id(m): m for layer in built.layers for m in layer}.values())
     params = {id(p): p.numel() for m in mechs for p in m.parameters()}
     first = mechs[0]
@@ -102,10 +116,11 @@ def properties(spec: SpecLike, dims: Dims) -> dict[str, Any]:
         "acts_on": list(first.acts_on),
         "inductive": first.inductive,
         "translation_invariant": first.translation_invariant,
+        "decoder": decoder,
         "positional_params": sum(params.values()),
         "paper": first.paper,
         "equation": first.equation,
     }
 
 
-__all__ = ["properties", "Built", "Context", "Dims", "Mechanism", "Spec", "build", "get", "names", "validate", "REGISTRY"]
+__all__ = ["properties", "runs_in_decoder", "Built", "Context", "Dims", "Mechanism", "Spec", "build", "get", "names", "validate", "REGISTRY"]

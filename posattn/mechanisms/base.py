@@ -9,7 +9,13 @@ A mechanism is an ``nn.Module`` that overrides any of these hooks:
 - :meth:`Mechanism.score_terms`: additive score terms, each declared by *structure*
   (:mod:`posattn.attention.terms`), so the attention layer can pick an exact fast algorithm
   without knowing the mechanism's name;
-- :meth:`Mechanism.transform_output`: o ↦ o + g(v) after attention.
+- :meth:`Mechanism.transform_output`: o ↦ o + g(v) after attention;
+- :meth:`Mechanism.mix` (a *mixer*, ``mixes = True``): replaces softmax(s)·V itself (ConvBERT,
+  Linformer, LinCAT, Landmark CAT). Composition rules (:func:`check_layer`, one clear error
+  each): at most one mixer per layer; no score term on a mixer that has no score matrix
+  (``takes_score_terms = False``); no decoder for a mixer that cannot be causal (its
+  :meth:`Mechanism.validate`); no length beyond what a length-projected mixer was built for
+  (its :meth:`Mechanism.check`).
 
 Class attributes describe the mechanism for ``posattn mechanisms`` (TISA Tables 1-2, generated);
 every claimed property is checked by a test.
@@ -81,6 +87,8 @@ class Mechanism(nn.Module):
     translation_invariant: ClassVar[bool] = True
     claims: ClassVar[frozenset[str]] = frozenset()
     share_layers_default: ClassVar[bool] = False
+    mixes: ClassVar[bool] = False  # replaces softmax(s)·V with :meth:`mix`
+    takes_score_terms: ClassVar[bool] = True  # a mixer: other mechanisms' score terms still apply
 
     def __init__(self, dims: Dims, shared: dict[str, nn.Module]) -> None:
         super().__init__()
@@ -124,6 +132,41 @@ class Mechanism(nn.Module):
 
     def transform_output(self, o: Tensor, v: Tensor, ctx: Context) -> Tensor:
         return o
+
+    def mix(self, q: Tensor, k: Tensor, v: Tensor, terms: list["Term"], ctx: Context,
+            softmax: "Softmax") -> Tensor:
+        """A mixer's output [b, h, n, d_v] in place of softmax(s)·V (only when ``mixes``)."""
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class Softmax:
+    """The layer's own softmax attention, handed to a mixer: ``softmax(q, k, v, terms)`` with the
+    layer's mask, dropout and path. ``path`` ("reference" or "fast") also picks the mixer's own
+    reference or fast form."""
+
+    path: str
+    attend: Callable[..., Tensor]
+    keep: Tensor | None
+    causal: bool
+    dropout: float = 0.0
+    training: bool = False
+
+    def __call__(self, q: Tensor, k: Tensor, v: Tensor, terms: list["Term"] | None = None) -> Tensor:
+        return self.attend(q, k, v, terms or [], self.keep, self.causal, self.dropout, self.training)
+
+
+def check_layer(mechanisms: list[Mechanism]) -> None:
+    """The composition rules for mixers, on one layer's built mechanisms."""
+    mixers = [m for m in mechanisms if m.mixes]
+    if len(mixers) > 1:
+        raise PositionError(f"{mixers[0].name} and {mixers[1].name} both replace softmax attention "
+                            f"(mixers); a layer takes one")
+    if mixers and not mixers[0].takes_score_terms:
+        for m in mechanisms:
+            if "score" in m.acts_on:
+                raise PositionError(f"{m.name}: adds a score term, but {mixers[0].name} has no score "
+                                    f"matrix to add it to; drop one of them")
 
 
 def max_len_check(mech: Mechanism, top: int, limit: int) -> None:

@@ -4,15 +4,25 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+import pytest
 import torch
 
 import posattn
 from posattn.attention.layer import Attention
-from posattn.mechanisms import Context, Dims, build
+from posattn.mechanisms import REGISTRY, Context, Dims, build
 from posattn.models import Decoder, Encoder, ModelConfig
 
 VOCAB = 37
 NAMES = posattn.names()
+MIXERS = [n for n in NAMES if REGISTRY[n].mixes]  # replace softmax(s)·V (tests/mixers)
+
+
+def skip_encoder_only(spec: Any, causal: bool) -> None:
+    """Skip a decoder case of a mechanism that refuses decoders (tests/mixers checks the error)."""
+    from posattn.mechanisms import runs_in_decoder
+
+    if causal and not runs_in_decoder(spec, dims()):
+        pytest.skip("encoder-only mechanism")
 
 # Option variants beyond the defaults, checked reference-vs-fast and for causality as well.
 VARIANTS: list[Any] = [

@@ -20,8 +20,10 @@ def test_json_lists_every_mechanism_with_required_keys(capsys):
     assert [r["name"] for r in rows] == posattn.names()
     for r in rows:
         assert KEYS <= set(r), r["name"]
-        assert isinstance(r["acts_on"], list) and set(r["acts_on"]) <= {"input", "q", "k", "v", "score", "output"}
+        assert isinstance(r["acts_on"], list) and set(r["acts_on"]) <= {"input", "q", "k", "v", "score", "output",
+                                                                         "mixer"}
         assert isinstance(r["inductive"], bool) and isinstance(r["translation_invariant"], bool)
+        assert isinstance(r["decoder"], bool)
         assert isinstance(r["positional_params"], int) and r["positional_params"] >= 0
         assert isinstance(r["paper"], str) and r["paper"]
 

@@ -11,8 +11,10 @@ from posattn.mechanisms import build
 from posattn.mechanisms.alibi import alibi_slopes
 from posattn.mechanisms.t5 import t5_bucket
 
+from mixers.slow_mixers import COVERED as MIXERS_COVERED
+from mixers.slow_mixers import slow_mixer_layer
 from .helpers import NAMES, VARIANTS, context, dims, layer_mechanism, model, randomize, run, \
-    segments_for, spec_id, tokens, with_path
+    segments_for, skip_encoder_only, spec_id, tokens, with_path
 from .slow import COVERED, sinusoid_ref, slow_layer, t5_bucket_ref
 
 INPUT_LEVEL = {"absolute", "sinusoidal"}
@@ -25,6 +27,10 @@ LAYER_SPECS = [n for n in NAMES if n not in INPUT_LEVEL] + [
     {"name": "dynamic_conv", "kernel_size": 3},
     {"name": "key_dynamic_conv", "kernel_size": 3},
     {"name": "diet_rel", "max_distance": 2},
+    {"name": "landmark_cat", "block_size": 2, "top_k": 2, "selection": "soft"},
+    {"name": "linformer", "k": 3, "sharing": "kv"},
+    {"name": "convbert", "head_ratio": 1, "conv_kernel_size": 3},
+    {"name": "lincat", "chunk": 3},
 ]
 
 
@@ -39,7 +45,7 @@ def attention_layer(spec, causal, path="reference", seed=0, **kw):
 # -- every mechanism against the loop-by-loop formulas ---------------------------------------
 
 def test_every_registered_mechanism_has_a_slow_formula():
-    missing = set(NAMES) - COVERED - INPUT_LEVEL
+    missing = set(NAMES) - COVERED - MIXERS_COVERED - INPUT_LEVEL
     assert not missing, f"tests/core/slow.py has no formula for {sorted(missing)}"
 
 
@@ -47,6 +53,7 @@ def test_every_registered_mechanism_has_a_slow_formula():
 @pytest.mark.parametrize("causal", [False, True], ids=["encoder", "decoder"])
 @pytest.mark.parametrize("spec", LAYER_SPECS, ids=spec_id)
 def test_layer_matches_slow_formula(spec, causal, path):
+    skip_encoder_only(spec, causal)
     attn, d = attention_layer(spec, causal, path, seed=5)
     b, n = 2, 7
     g = torch.Generator().manual_seed(1)
@@ -58,7 +65,8 @@ def test_layer_matches_slow_formula(spec, causal, path):
     pos = torch.arange(n).expand(b, n)
     ctx = context(n, b, causal, keep=keep, segments=seg)
     got = attn(x, ctx)
-    want = slow_layer(attn, x, keep, causal, seg, pos)
+    mixer = any(m.mixes for m in attn.mechanisms)
+    want = slow_mixer_layer(attn, x, keep, causal, pos) if mixer else slow_layer(attn, x, keep, causal, seg, pos)
     real = keep
     torch.testing.assert_close(got[real], want[real], rtol=1e-9, atol=1e-10)
 
@@ -223,6 +231,7 @@ CAUSAL_SPECS = [[n] for n in NAMES] + VARIANTS
 @pytest.mark.parametrize("path", ["reference", "fast"])
 @pytest.mark.parametrize("specs", CAUSAL_SPECS, ids=spec_id)
 def test_decoder_is_causal(specs, path):
+    skip_encoder_only(specs[0], True)
     m = model(specs, causal=True, seed=6, path=path)
     n, t = 14, 6
     ids = tokens(2, n, seed=1)

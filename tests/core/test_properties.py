@@ -8,7 +8,10 @@ import torch
 from posattn.errors import PositionError
 from posattn.mechanisms import Dims, properties
 
-from .helpers import NAMES, context, dims, layer_mechanism, model, run, spec_id, tokens
+from posattn.mechanisms.base import Softmax
+from posattn.attention import reference
+
+from .helpers import NAMES, context, dims, layer_mechanism, model, run, skip_encoder_only, spec_id, tokens
 
 MAX_LEN = 12
 
@@ -24,6 +27,7 @@ def props(name, causal=False, **kw):
 @pytest.mark.parametrize("causal", [False, True], ids=["encoder", "decoder"])
 @pytest.mark.parametrize("name", NAMES)
 def test_inductive_claim(name, causal):
+    skip_encoder_only(name, causal)
     m = model([name], causal=causal, seed=1, max_len=MAX_LEN)
     long = tokens(2, MAX_LEN + 6, seed=2)
     for path in ("reference", "fast"):
@@ -67,6 +71,7 @@ def shifted_outputs(name, causal, path):
 @pytest.mark.parametrize("causal", [False, True], ids=["encoder", "decoder"])
 @pytest.mark.parametrize("name", NAMES)
 def test_translation_invariance_claim(name, causal, path):
+    skip_encoder_only(name, causal)
     base, padded, offset = shifted_outputs(name, causal, path)
     if props(name, causal)["translation_invariant"]:
         torch.testing.assert_close(padded, base, rtol=1e-10, atol=1e-10)
@@ -91,6 +96,7 @@ def changed(a, b):
 def test_acts_on_claim(spec, causal):
     """The places a mechanism changes are exactly the places `acts_on` names."""
     name = spec if isinstance(spec, str) else spec["name"]
+    skip_encoder_only(spec, causal)
     d = dims(causal=causal, n_layers=2)
     claimed = set(properties(spec, Dims(16, 4, 2, 24, 3, causal))["acts_on"])
     mech = layer_mechanism(spec, d, seed=3)
@@ -110,8 +116,12 @@ def test_acts_on_claim(spec, causal):
         acted.add("score")
     if changed(mech.transform_output(o, v, ctx), o):
         acted.add("output")
+    if mech.mixes:  # a mixer's output differs from softmax attention on the same q, k, v
+        softmax = Softmax("reference", reference.attend, None, causal)
+        if changed(mech.mix(q, k, v, [], ctx, softmax), softmax(q, k, v)):
+            acted.add("mixer")
     assert acted == claimed, f"{name}: acts on {sorted(acted)}, claims {sorted(claimed)}"
-    assert claimed <= {"input", "q", "k", "v", "score", "output"}
+    assert claimed <= {"input", "q", "k", "v", "score", "output", "mixer"}
     if name != "none":
         assert acted
 
@@ -125,6 +135,7 @@ def test_positional_params_are_the_parameters_the_mechanism_adds(name, causal):
     def count(m):
         return sum(p.numel() for p in m.parameters())
 
+    skip_encoder_only(name, causal)
     for layers in (1, 3):
         with_mech = model([name], causal=causal, n_layers=layers, max_len=MAX_LEN)
         without = model(["none"], causal=causal, n_layers=layers, max_len=MAX_LEN)
@@ -155,7 +166,19 @@ def test_positional_params_formulas():
     assert props("segment", **kw)["positional_params"] == H * 3 * 3 * L
     # TUPE: n·d shared positions + per layer U_Q, U_K (2d²) + the two untying scalars per head
     assert props("tupe", **kw)["positional_params"] == n * d + L * (2 * d * d + 2 * H)
-    assert props("cat", **kw)["positional_params"] == 3 * 3 * L  # three shared filters of 3 taps
+    assert props("cat", **kw)["positional_params"] == 3 * 3 * d * L  # three per-channel filters of 3 taps
+    assert props({"name": "cat", "depthwise": False}, **kw)["positional_params"] == 3 * 3 * L  # shared
+    # mixers: what each adds beside the layer's q/k/v/out projections
+    assert props("lincat", **kw)["positional_params"] == 3 * 3 * d * L  # CAT's filters only
+    assert props("landmark_cat", **kw)["positional_params"] == 3 * 3 * d * L  # hard: fixed block mean
+    assert props({"name": "landmark_cat", "selection": "soft", "block_size": 8}, **kw)["positional_params"] \
+        == (3 * 3 * d + 8) * L  # soft: a learned length-B landmark filter
+    assert props("linformer", **kw)["positional_params"] == 2 * H * 32 * n * L  # E, F per head, k = 32
+    assert props({"name": "linformer", "sharing": "kv", "k": 8}, **kw)["positional_params"] == 8 * n * L
+    assert props({"name": "linformer", "sharing": "layer", "k": 8}, **kw)["positional_params"] == 8 * n
+    assert props("diet_abs_lin", **kw)["positional_params"] == (2 * H * 32 * n + H * (n + 32) * (d // H)) * L
+    heads, K = H // 2, 9  # ConvBERT: depthwise d·K, pointwise d·d/2 + d/2, span kernel (d/2 + 1)·heads·K
+    assert props("convbert", **kw)["positional_params"] == (d * K + (d + 1) * d // 2 + (d // 2 + 1) * heads * K) * L
 
 
 def test_properties_report_paper_and_defaults():

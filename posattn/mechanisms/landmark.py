@@ -1,0 +1,183 @@
+"""``landmark_cat``: Landmark CAT (Li et al. 2024, §5 and Fig 4): CAT's convolutions on q, k, v,
+then each query attends to one landmark per block to pick block(s), and attends locally.
+
+Blocks are B consecutive *positions* (block of token i = position_i // B, so position ids
+matter and the mechanism is not translation invariant; positions must be consecutive within a
+row). Per head:
+
+    landmark    ℓ_c = Σ_m w_m k_{cB+m}                  (a length-B convolution of the keys, read
+                                                          at the block's end; w = 1/B, the block
+                                                          mean, unless ``selection="soft"``)
+    selection   C_i = top-``top_k`` blocks c by q_i·ℓ_c/√d_h among the candidates: earlier
+                blocks (decoder) or every other block (encoder) holding a real token
+    output      o_i = softmax_j(q_i·k_j/√d_h + g_ij) v_j over j ∈ (blocks in C_i) ∪ (own block,
+                j ≤ i in a decoder), g_ij = 0 (``hard``) or q_i·ℓ_{c(j)}/√d_h for j in a chosen
+                block (``soft``)
+
+``selection``: ``hard`` is the paper's top-1 hard attention (``top_k`` = 1): the choice itself
+gets no gradient and w stays the fixed block mean. ``soft`` is the trainable form: w is learned
+and each chosen block's keys carry their landmark score as a bias, so the landmark filter and
+the selection receive a gradient (the grouped softmax of Landmark Attention, Mohtashami & Jaggi
+2023). Work per query: O(L/B) landmark scores + O((top_k + 1)·B) local attention; B defaults to
+the power of two nearest √max_len, which minimises L/B + B.
+
+Paths: ``reference`` materialises the same selection as a dense n×n mask (and bias) and runs
+one softmax over it; ``fast`` gathers the chosen blocks' keys and values (chunks of query
+blocks bound the memory), O(n·(L/B + (top_k + 1)·B)·d_h).
+"""
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..attention.terms import Term
+from ..errors import PositionError
+from .base import Context, Dims, Softmax
+from .conv_layers import CAT
+from .registry import register
+
+Selection = Literal["hard", "soft"]
+GATHER_BUDGET = 1 << 22  # fast path: gathered key/value elements per chunk of query blocks
+
+
+def default_block(max_len: int) -> int:
+    """The power of two nearest √max_len (at least 2)."""
+    return max(2, 2 ** round(math.log2(math.sqrt(max_len))))
+
+
+class Slots:
+    """Tokens placed in block-aligned slots: token i of row r sits at slot i + s_r, s_r =
+    position_{r,0} mod B; ``real`` marks slots holding a real (non-padding) token."""
+
+    def __init__(self, positions: Tensor, keep: Tensor | None, block: int) -> None:
+        b, n = positions.shape
+        self.shift = positions[:, 0] % block  # [b]
+        self.size = -(-(n + int(self.shift.max())) // block) * block
+        self.token = torch.arange(self.size, device=positions.device) - self.shift[:, None]  # [b, N']
+        inside = (self.token >= 0) & (self.token < n)
+        real = inside if keep is None else inside & keep.gather(1, self.token.clamp(0, n - 1))
+        self.real, self.n, self.block = real, n, block
+
+    def place(self, t: Tensor) -> Tensor:
+        """[b, h, n, d] -> [b, h, N', d], zeros in empty slots."""
+        idx = self.token.clamp(0, self.n - 1)[:, None, :, None].expand(-1, t.shape[1], -1, t.shape[-1])
+        return t.gather(2, idx) * self.real[:, None, :, None].to(t.dtype)
+
+    def take(self, t: Tensor) -> Tensor:
+        """[b, h, N', d] -> [b, h, n, d], the slots of the tokens."""
+        idx = (torch.arange(self.n, device=t.device) + self.shift[:, None])[:, None, :, None]
+        return t.gather(2, idx.expand(-1, t.shape[1], -1, t.shape[-1]))
+
+
+@register("landmark_cat")
+class LandmarkCAT(CAT):
+    paper = "Li et al. 2024 (CAT), Landmark CAT, Fig 4"
+    equation = "CAT q,k,v; ℓ_c = block conv of k; attend over top-k blocks by q·ℓ and the own block"
+    translation_invariant = False
+    mixes = True
+    takes_score_terms = False
+
+    def __init__(self, dims: Dims, shared: dict[str, nn.Module], kernel_size: int = 3,
+                 depthwise: bool = True, targets: str = "qkv", qk_norm: bool = False,
+                 block_size: int | None = None, top_k: int = 1, selection: Selection = "hard") -> None:
+        super().__init__(dims, shared, kernel_size, depthwise, targets, qk_norm)
+        self.block = block_size or default_block(dims.max_len)
+        if self.block < 1 or top_k < 1:
+            raise PositionError(f"landmark_cat: block_size and top_k must be >= 1, got "
+                                f"{self.block} and {top_k}")
+        if selection not in ("hard", "soft"):
+            raise PositionError(f"landmark_cat: unknown selection {selection!r}; valid: hard, soft")
+        self.acts_on = self.acts_on + ("mixer",)
+        self.top_k, self.selection = top_k, selection
+        mean = torch.full((self.block,), 1.0 / self.block)
+        if selection == "soft":
+            self.landmark = nn.Parameter(mean)
+        else:
+            self.register_buffer("landmark", mean, persistent=False)
+
+    def check(self, ctx: Context) -> None:
+        pos = ctx.positions
+        if not torch.equal(pos, pos[:, :1] + torch.arange(pos.shape[1], device=pos.device)):
+            raise self.fail("blocks are runs of consecutive positions; give each row consecutive "
+                            "position ids")
+
+    def select(self, q: Tensor, k: Tensor, slots: Slots, causal: bool) -> tuple[Tensor, Tensor, Tensor]:
+        """Landmark scores [b, h, N', nb], chosen blocks [b, h, N', top_k] and whether each
+        choice is a real candidate [b, h, N', top_k]."""
+        b, h, size, d = k.shape
+        nb, blk = size // self.block, self.block
+        landmarks = torch.einsum("bhcmd,m->bhcd", k.view(b, h, nb, blk, d), self.landmark.to(k.dtype))
+        scores = q @ landmarks.transpose(-1, -2) / math.sqrt(d)
+        own = torch.arange(size, device=q.device) // blk
+        other = torch.arange(nb, device=q.device)
+        cand = other[None, :] < own[:, None] if causal else other[None, :] != own[:, None]  # [N', nb]
+        cand = cand & slots.real.view(b, 1, nb, blk).any(-1)[:, :, None, :]  # [b, 1, N', nb]
+        masked = scores.masked_fill(~cand, float("-inf"))
+        top = masked.topk(min(self.top_k, nb), dim=-1)
+        return scores, top.indices, top.values > float("-inf")
+
+    def mix(self, q: Tensor, k: Tensor, v: Tensor, terms: list[Term], ctx: Context,
+            softmax: Softmax) -> Tensor:
+        slots = Slots(ctx.positions, ctx.keep, self.block)
+        qs, ks, vs = slots.place(q), slots.place(k), slots.place(v)
+        scores, chosen, ok = self.select(qs, ks, slots, ctx.causal)
+        attend = self.dense if softmax.path == "reference" else self.gathered
+        return slots.take(attend(qs, ks, vs, scores, chosen, ok, slots, ctx.causal))
+
+    def dense(self, q: Tensor, k: Tensor, v: Tensor, scores: Tensor, chosen: Tensor, ok: Tensor,
+              slots: Slots, causal: bool) -> Tensor:
+        """Reference: the selection as an N'×N' mask (and bias) over every slot; one softmax."""
+        size, blk = q.shape[-2], self.block
+        block_of = torch.arange(size, device=q.device) // blk
+        picked = (block_of[None, None, None, :, None] == chosen[..., None, :]) & ok[..., None, :]
+        picked = picked.any(-1)  # [b, h, N', N']: key slot j lies in a chosen block of query t
+        t = torch.arange(size, device=q.device)
+        own = block_of[:, None] == block_of[None, :]
+        if causal:
+            own = own & (t[None, :] <= t[:, None])
+        allowed = (picked | own) & slots.real[:, None, None, :] | torch.eye(size, dtype=torch.bool, device=q.device)
+        s = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+        if self.selection == "soft":
+            s = s + picked * scores.gather(-1, block_of.expand(*scores.shape[:2], size, size))
+        return torch.softmax(s.masked_fill(~allowed, float("-inf")), -1) @ v
+
+    def gathered(self, q: Tensor, k: Tensor, v: Tensor, scores: Tensor, chosen: Tensor, ok: Tensor,
+                 slots: Slots, causal: bool) -> Tensor:
+        """Fast: per chunk of query blocks, the chosen blocks' keys and values gathered, plus the
+        own block; one softmax over the (top_k + 1)·B candidates of each query."""
+        b, h, size, d = q.shape
+        blk, nb, kk = self.block, size // self.block, chosen.shape[-1]
+        kb, vb = k.view(b, h, nb, blk * d), v.view(b, h, nb, blk * v.shape[-1])
+        real = slots.real.view(b, 1, nb, blk)
+        step = max(1, GATHER_BUDGET // max(1, b * h * blk * kk * blk * d))  # query blocks per chunk
+        out = []
+        for c0 in range(0, nb, step):
+            c1 = min(nb, c0 + step)
+            rows = slice(c0 * blk, c1 * blk)
+            qc, idx, okc = q[:, :, rows], chosen[:, :, rows], ok[:, :, rows]
+            m = qc.shape[2]
+            flat = idx.reshape(b, h, m * kk, 1)
+            ksel = kb.gather(2, flat.expand(-1, -1, -1, blk * d)).view(b, h, m, kk * blk, d)
+            vsel = vb.gather(2, flat.expand(-1, -1, -1, vb.shape[-1])).view(b, h, m, kk * blk, -1)
+            rsel = real.expand(b, h, nb, blk).gather(2, flat.expand(-1, -1, -1, blk)).view(b, h, m, kk, blk)
+            s_sel = torch.einsum("bhtd,bhtjd->bhtj", qc, ksel) / math.sqrt(d)
+            if self.selection == "soft":
+                s_sel = s_sel + scores[:, :, rows].gather(-1, idx).repeat_interleave(blk, -1)
+            s_sel = s_sel.masked_fill(~(rsel & okc[..., None]).view(b, h, m, kk * blk), float("-inf"))
+            qo = qc.view(b, h, c1 - c0, blk, d)
+            s_own = qo @ k[:, :, rows].view(b, h, c1 - c0, blk, d).transpose(-1, -2) / math.sqrt(d)
+            own_ok = real[:, :, c0:c1, None, :].expand(b, h, c1 - c0, blk, blk)
+            if causal:
+                own_ok = own_ok.tril()
+            own_ok = own_ok | torch.eye(blk, dtype=torch.bool, device=q.device)
+            s_own = s_own.masked_fill(~own_ok, float("-inf")).view(b, h, m, blk)
+            p = torch.softmax(torch.cat([s_sel, s_own], -1), -1)
+            o = torch.einsum("bhtj,bhtje->bhte", p[..., : kk * blk], vsel)
+            o = o + (p[..., kk * blk:].view(b, h, c1 - c0, blk, blk) @ v[:, :, rows].view(
+                b, h, c1 - c0, blk, -1)).view(b, h, m, -1)
+            out.append(o)
+        return torch.cat(out, 2)
