@@ -1,0 +1,244 @@
+"""posattn mechanisms added to a pretrained ``transformers`` encoder, keeping every pretrained weight.
+
+    model = AutoModel.from_pretrained(folder)
+    add_mechanisms(model, ["tisa"], mode="supplement")      # s_ij += f_θ(j − i), TISA Eq 4 case a
+
+Every self-attention of the model gets its own mechanisms (``position_mechanisms`` on the
+self-attention module, so they train, save and load with it). Where they act:
+
+- BERT / MiniLM, RoBERTa, XLM-R, CamemBERT, ELECTRA: the self-attention already calls a function
+  from transformers' attention-function registry, chosen by ``config._attn_implementation``;
+  ``add_mechanisms`` registers ``"posattn"`` there (with transformers' boolean padding mask)
+  and switches the model to it. The function runs the mechanisms' q/k/v transforms, score terms
+  and output transforms around posattn's attention (``path``: ``"fast"`` or ``"reference"``).
+- MPNet: its self-attention takes no attention function but adds a ``position_bias`` to every
+  score; a forward pre-hook adds the mechanisms' score terms to it. Only score-level
+  mechanisms (those with no q/k/v or output transform) can be added there.
+
+Modes (TISA Eq 4): ``supplement`` keeps the model's position embeddings; ``replace`` removes
+them (TISA App. C): the mean position embedding is folded into the word embeddings, the position
+table is zeroed and frozen (and MPNet's relative bias too). ``init``: ``"zero"`` starts every
+TISA kernel with a = 0, so the model computes exactly what it did before (the default for
+``supplement``); a :class:`~posattn.analysis.tisa_fit.TisaFit` (see :func:`fit_kernels`, which is
+``posattn analyze fit-tisa``'s regression to the model's own F̂_P) sets them from the fit, so
+``replace`` starts close to the original function; ``"default"`` keeps posattn's initialisation.
+``save_pretrained`` stores the mechanisms' weights and ``config.posattn_retrofit``;
+:func:`load_retrofitted` reads such a folder back.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from torch import Tensor, nn
+from safetensors.torch import load_file
+from transformers import AttentionInterface, AutoModel, PreTrainedModel
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+from ..analysis.hf import HFCheckpoint, resolve
+from ..analysis.profiles import hf_profiles
+from ..analysis.tisa_fit import TisaFit, fit_tisa
+from ..attention.layer import PATHS
+from ..errors import PositionError
+from ..mechanisms import Context, Dims, Mechanism, Spec, SpecLike, build
+from .modeling import shared_parameters
+
+Mode = Literal["supplement", "replace"]
+IMPLEMENTATION = "posattn"
+INTERFACE_TYPES = {"bert", "roberta", "xlm-roberta", "camembert", "electra"}
+HOOK_TYPES = {"mpnet"}
+PADDING_OFFSET_TYPES = {"roberta", "xlm-roberta", "camembert", "mpnet"}  # rows 0 … pad are not positions
+
+
+def _context(b: int, n: int, keep: Tensor | None, device: torch.device) -> Context:
+    positions = torch.arange(n, device=device).expand(b, n)
+    return Context(positions=positions, segments=torch.zeros_like(positions), keep=keep, causal=False)
+
+
+def _keep(mask: Tensor | None) -> Tensor | None:
+    """[b, n] key mask from transformers' boolean [b, 1, q, k] padding mask (None: no padding)."""
+    if mask is None:
+        return None
+    if mask.dtype != torch.bool:
+        raise PositionError(f"posattn attention expects transformers' boolean padding mask, got {mask.dtype}")
+    keep = mask[:, 0, 0, :]
+    return None if bool(keep.all()) else keep
+
+
+def posattn_attention(module: nn.Module, query: Tensor, key: Tensor, value: Tensor,
+                      attention_mask: Tensor | None, scaling: float | None = None, dropout: float = 0.0,
+                      **kwargs: Any) -> tuple[Tensor, None]:
+    """The ``"posattn"`` entry of transformers' attention-function registry: posattn attention with
+    the module's ``position_mechanisms`` (q, k, v: [b, h, n, d_h]; returns [b, n, h, d_h])."""
+    mechs: nn.ModuleList = module.position_mechanisms
+    b, _, n, d = query.shape
+    if scaling is not None and abs(scaling * d ** 0.5 - 1) > 1e-6:
+        raise PositionError(f"posattn attention assumes the 1/√d_h score scale; this model uses {scaling}")
+    ctx = _context(b, n, _keep(attention_mask), query.device)
+    for m in mechs:
+        m.check(ctx)
+    q, k, v = query, key, value
+    for m in mechs:
+        q, k, v = m.transform_qkv(q, k, v, ctx)
+    terms = [t for m in mechs for t in m.score_terms(q, k, ctx)]
+    o = PATHS[module.position_path](q, k, v, terms, ctx.keep, False, dropout, module.training)
+    for m in mechs:
+        o = m.transform_output(o, v, ctx)
+    return o.transpose(1, 2).contiguous(), None
+
+
+def _add_position_bias(module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """MPNet pre-hook: position_bias (3rd argument) += the mechanisms' score terms."""
+    hidden, mask, bias = (list(args) + [None, None])[:3]
+    mechs: nn.ModuleList = module.position_mechanisms
+    b, n, _ = hidden.shape
+    h = module.num_attention_heads
+    ctx = _context(b, n, None, hidden.device)
+    q = module.q(hidden).view(b, n, h, -1).transpose(1, 2)
+    k = module.k(hidden).view(b, n, h, -1).transpose(1, 2)
+    extra = sum(t.dense(n) for m in mechs for t in m.score_terms(q, k, ctx))
+    bias = extra if bias is None else bias + extra
+    return (hidden, mask, bias, *args[3:]), kwargs
+
+
+def _register() -> None:
+    AttentionInterface.register(IMPLEMENTATION, posattn_attention)
+    AttentionMaskInterface.register(IMPLEMENTATION, sdpa_mask)
+
+
+def _self_attentions(model: PreTrainedModel) -> list[nn.Module]:
+    return [m for m in model.modules() if type(m).__name__.endswith("SelfAttention")]
+
+
+def _is_plain(m: Mechanism) -> bool:
+    """Acts only through score terms (no q/k/v or output transform)."""
+    return all(getattr(type(m), hook) is getattr(Mechanism, hook) for hook in ("transform_qkv", "transform_output"))
+
+
+def _specs(mechanisms: list[SpecLike], mode: Mode) -> list[Spec]:
+    """Parse; give tisa the retrofit's mode; refuse input-level mechanisms."""
+    out = []
+    for spec in map(Spec.parse, mechanisms):
+        if spec.name == "tisa":
+            if spec.options.get("mode", mode) != mode:
+                raise PositionError(f"tisa: mode {spec.options['mode']!r} disagrees with the retrofit mode {mode!r}")
+            spec = Spec("tisa", {**spec.options, "mode": mode})
+        out.append(spec)
+    return out
+
+
+def add_mechanisms(model: PreTrainedModel, mechanisms: list[SpecLike], mode: Mode = "supplement",
+                   init: Literal["zero", "default"] | TisaFit | None = None,
+                   path: Literal["fast", "reference"] = "fast") -> PreTrainedModel:
+    """Add ``mechanisms`` (score-level and q/k/v ones; see the module docstring) to every
+    self-attention of ``model`` in place; returns ``model``. ``init``: ``"zero"`` (default for
+    ``supplement``), ``"default"`` (default for ``replace``) or a TISA fit (:func:`fit_kernels`)."""
+    cfg = model.config
+    kind = cfg.model_type
+    if kind not in INTERFACE_TYPES | HOOK_TYPES:
+        raise PositionError(f"add_mechanisms: model type {kind!r} is not supported; supported: "
+                            f"{', '.join(sorted(INTERFACE_TYPES | HOOK_TYPES))}")
+    if mode not in ("supplement", "replace"):
+        raise PositionError(f"add_mechanisms: unknown mode {mode!r}; valid: supplement, replace")
+    if path not in PATHS:
+        raise PositionError(f"add_mechanisms: unknown path {path!r}; valid: {', '.join(PATHS)}")
+    if getattr(cfg, "is_decoder", False):
+        raise PositionError("add_mechanisms: the model is configured as a decoder; only encoders are supported")
+    attns = _self_attentions(model)
+    if any(hasattr(a, "position_mechanisms") for a in attns):
+        raise PositionError("add_mechanisms: this model already has posattn mechanisms; add them all in one call")
+    offset = cfg.pad_token_id + 1 if kind in PADDING_OFFSET_TYPES else 0
+    dims = Dims(cfg.hidden_size, cfg.num_attention_heads, len(attns), cfg.max_position_embeddings - offset,
+                max(int(getattr(cfg, "type_vocab_size", 1) or 1), 1), False)
+    specs = _specs(mechanisms, mode)
+    # the model's own position embeddings play posattn's "absolute" in supplement mode
+    built = build([*specs, "absolute"] if mode == "supplement" else specs, dims)
+    if built.input and mode == "replace":
+        raise PositionError(f"add_mechanisms: {built.input[0].name} acts on the input embeddings; "
+                            f"only attention-level mechanisms can be added to a pretrained model")
+    if kind in HOOK_TYPES:
+        bad = [m.name for m in built.layers[0] if not _is_plain(m)]
+        if bad:
+            raise PositionError(f"add_mechanisms: {', '.join(bad)} transform q/k/v or the output; "
+                                f"{kind} takes score-level mechanisms only")
+    _initialise(built.layers, specs, init if init is not None else ("zero" if mode == "supplement" else "default"))
+    first = next(model.parameters())
+    for attn, mechs in zip(attns, built.layers):
+        attn.position_mechanisms = nn.ModuleList(mechs).to(device=first.device, dtype=first.dtype)
+        attn.position_path = path
+        if kind in HOOK_TYPES:
+            attn.register_forward_pre_hook(_add_position_bias, with_kwargs=True)
+    tied = {k: v for k, v in shared_parameters(model).items() if ".position_mechanisms." in k}
+    model._tied_weights_keys = {**(model._tied_weights_keys or {}), **tied}  # t5's bias: saved once
+    model.all_tied_weights_keys.update(tied)
+    if mode == "replace":
+        remove_position_embeddings(model, offset)
+    if kind in INTERFACE_TYPES:
+        _register()
+        model.set_attn_implementation(IMPLEMENTATION)
+    cfg.posattn_retrofit = {"mechanisms": [s.to_json() for s in specs], "mode": mode, "path": path}
+    return model
+
+
+def _initialise(layers: list[list[Mechanism]], specs: list[Spec], init: str | TisaFit) -> None:
+    if init == "default":
+        return
+    tisas = [next((m for m in mechs if m.name == "tisa"), None) for mechs in layers]
+    if init not in ("zero",) and not isinstance(init, TisaFit):
+        raise PositionError(f"add_mechanisms: init must be 'zero', 'default' or a TisaFit, got {init!r}")
+    if any(t is None for t in tisas):
+        raise PositionError("add_mechanisms: init 'zero' or a fit sets TISA kernels, but tisa is not "
+                            "among the mechanisms; use init='default'")
+    with torch.no_grad():
+        for layer, tisa in enumerate(tisas):
+            if init == "zero":
+                tisa.a.zero_()
+                continue
+            if init.a.shape[:-1] != (len(tisas), tisa.a.shape[0]) or init.a.shape[-1] != tisa.a.shape[1]:
+                raise PositionError(f"add_mechanisms: the fit has shape {init.a.shape} (layers, heads, kernels); "
+                                    f"the model needs {(len(tisas), *tisa.a.shape)}")
+            for name in ("a", "b", "c"):
+                getattr(tisa, name).copy_(torch.as_tensor(getattr(init, name)[layer]))
+
+
+def remove_position_embeddings(model: PreTrainedModel, offset: int) -> None:
+    """TISA App. C: fold the mean position embedding into the word embeddings, then zero and
+    freeze the position table (and MPNet's relative attention bias)."""
+    emb = model.base_model.embeddings
+    with torch.no_grad():
+        table = emb.position_embeddings.weight
+        emb.word_embeddings.weight += table[offset:].mean(0)
+        table.zero_()
+        table.requires_grad_(False)
+        rel = getattr(model.base_model.encoder, "relative_attention_bias", None)
+        if rel is not None:
+            rel.weight.zero_()
+            rel.weight.requires_grad_(False)
+
+
+def fit_kernels(model: str | Path, n_kernels: int = 5, positions: int = 128,
+                method: Literal["embedding", "forward"] = "embedding", **fit_options: Any) -> TisaFit:
+    """TISA kernels per layer and head fitted to the checkpoint's own positional scores F̂_P
+    (TISA App. C; exactly ``posattn analyze fit-tisa``'s regression). ``model``: a folder, or
+    ``minilm`` / ``mpnet``."""
+    prof = hf_profiles(HFCheckpoint.open(resolve(model)), n=positions, method=method)
+    return fit_tisa(prof.scores, n_kernels, **fit_options)
+
+
+def load_retrofitted(folder: str | Path, cls: type = AutoModel, **kwargs: Any) -> PreTrainedModel:
+    """Load a model saved (``save_pretrained``) after :func:`add_mechanisms`: ``cls.from_pretrained``,
+    the mechanisms rebuilt from ``config.posattn_retrofit``, then their saved weights."""
+    model = cls.from_pretrained(folder, **kwargs)
+    spec = getattr(model.config, "posattn_retrofit", None)
+    if not spec:
+        raise PositionError(f"{folder}: config.json has no posattn_retrofit entry; load it with {cls.__name__}")
+    add_mechanisms(model, spec["mechanisms"], spec["mode"], init="default", path=spec["path"])
+    weights = Path(folder) / "model.safetensors"
+    saved = {k: v for k, v in load_file(weights).items() if ".position_mechanisms." in k}
+    mine = {k for k in model.state_dict() if ".position_mechanisms." in k} - set(model.all_tied_weights_keys)
+    if set(saved) != mine:
+        raise PositionError(f"{weights}: mechanism tensors differ from the rebuilt model's "
+                            f"(missing {sorted(mine - set(saved))[:3]}, unexpected {sorted(set(saved) - mine)[:3]})")
+    model.load_state_dict(saved, strict=False)
+    return model
