@@ -6,6 +6,7 @@ from pathlib import Path
 
 import yaml
 
+from ..errors import PositionError
 from ..text.corpus import build_corpus
 from ..text.sources import BUILTIN, DEFAULT_SOURCES, files, load_documents, saved_dataset
 from ..text.tokenizer import KINDS
@@ -59,7 +60,9 @@ def pretrain_command(args: argparse.Namespace) -> None:
                              else runs[0][1].to_dict(), sort_keys=False), end="")
         return
     out = Path(args.out or f"runs/pretrain-{name}")
-    results = run_recipe(name, runs, out, device=args.device, progress=not args.no_progress)
+    if args.workers < 1:
+        raise PositionError(f"--workers must be >= 1, got {args.workers}")
+    results = run_recipe(name, runs, out, device=args.device, progress=not args.no_progress, workers=args.workers)
     if len(results) > 1:
         print((out / "report.md").read_text())
     else:
@@ -116,6 +119,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--corpus", help="corpus folder (default: default)")
     p.add_argument("--precision", choices=["auto", "fp32", "bf16", "fp16"])
     p.add_argument("--device", default="auto", help="auto (CUDA if available), cpu, cuda")
+    p.add_argument("--workers", type=int, default=1, help="runs of a recipe trained at once (processes; default 1)")
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--dump-config", action="store_true", help="print the resolved config as YAML and exit")
     p.set_defaults(func=pretrain_command)

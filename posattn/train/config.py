@@ -187,7 +187,7 @@ def load(source: str | Path | dict | None) -> tuple[str, list[tuple[str, Pretrai
         raise PretrainConfigError(f"{where}: run labels must be unique, got {labels}")
     out, problems = [], []
     for r in runs:
-        entry = {**raw, **{k: v for k, v in r.items() if k != "label"}}
+        entry = {**raw, **{k: v for k, v in r.items() if k != "label"}, "name": f"{raw.get('name', 'recipe')}/{r['label']}"}
         if isinstance(raw.get("model"), dict) and isinstance(r.get("model"), dict):
             entry["model"] = {**raw["model"], **r["model"]}
         try:

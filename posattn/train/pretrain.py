@@ -222,7 +222,7 @@ def pretrain(cfg: PretrainConfig, out: str | Path, *, device: str = "auto", prog
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, cfg.lr_factor)
     amp, scaled = autocast(cfg.precision, dev)
     scaler = torch.amp.GradScaler(dev.type, enabled=scaled)
-    step, elapsed, tokens_seen = 0, 0.0, 0
+    step, elapsed, tokens_seen, data_seconds = 0, 0.0, 0, 0.0
     path = out / CHECKPOINT
     if path.exists():
         state = _load_checkpoint(path)
@@ -232,7 +232,7 @@ def pretrain(cfg: PretrainConfig, out: str | Path, *, device: str = "auto", prog
         scheduler.load_state_dict(state["scheduler"])
         scaler.load_state_dict(state["scaler"])
         _set_rng(state["rng"], world, dev)
-        step, elapsed, tokens_seen = state["step"], state["elapsed"], state["tokens"]
+        step, elapsed, tokens_seen, data_seconds = state["step"], state["elapsed"], state["tokens"], state["data_seconds"]
     else:
         torch.manual_seed(cfg.seed * 7919 + world.rank)  # dropout stream of this rank
     if world.main:
@@ -252,7 +252,7 @@ def pretrain(cfg: PretrainConfig, out: str | Path, *, device: str = "auto", prog
             _atomic_save({"config": cfg.to_dict(), "corpus": corpus.fingerprint, "model": model.state_dict(),
                           "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
                           "scaler": scaler.state_dict(), "rng": rng, "step": step, "elapsed": elapsed,
-                          "tokens": tokens_seen}, path)
+                          "tokens": tokens_seen, "data_seconds": data_seconds}, path)
             save(model, out / "model")
             corpus.tokenizer.save(str(out / "model" / FILENAME))
         world.barrier()
@@ -271,6 +271,7 @@ def pretrain(cfg: PretrainConfig, out: str | Path, *, device: str = "auto", prog
     while step < cfg.steps:
         t0 = time.perf_counter()
         batch = train_data.batch(step)
+        data_seconds += time.perf_counter() - t0
         total = batch.targets
         mine = batch.shard(world.rank, world.size)
         loss_sum = torch.zeros((), device=dev)
@@ -319,6 +320,7 @@ def pretrain(cfg: PretrainConfig, out: str | Path, *, device: str = "auto", prog
     bar.close()
     result = {"name": cfg.name, "objective": cfg.objective, "mechanisms": cfg.mechanisms, "steps": step,
               "tokens": tokens_seen, "train_seconds": elapsed, "tokens_per_s": tokens_seen / max(elapsed, 1e-9),
+              "data_fraction": data_seconds / max(elapsed, 1e-9),
               "parameters": sum(p.numel() for p in model.parameters()), "processes": world.size,
               "device": str(dev)}
     if world.main:
@@ -326,5 +328,8 @@ def pretrain(cfg: PretrainConfig, out: str | Path, *, device: str = "auto", prog
         result.update({k: v for k, v in evals[-1].items() if k != "step"})
         plot_run(history, out / "loss.png", cfg.name)
         (out / RESULT).write_text(json.dumps(result, indent=2))
-    world.barrier()
+    if world.size > 1:  # every rank returns rank 0's result (with the held-out metrics)
+        shared = [result]
+        dist.broadcast_object_list(shared, src=0)
+        result = shared[0]
     return result

@@ -5,8 +5,12 @@ Each run lives in ``<out>/<label>/`` and resumes or is skipped like a single ``p
 from __future__ import annotations
 
 import json
+import multiprocessing
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
+
+from tqdm.auto import tqdm
 
 from .config import PretrainConfig
 from .plots import plot_recipe
@@ -14,14 +18,21 @@ from .pretrain import METRICS, pretrain
 
 
 def run_recipe(name: str, runs: list[tuple[str, PretrainConfig]], out: str | Path, *, device: str = "auto",
-               progress: bool = True) -> list[dict[str, Any]]:
-    """Train every ``(label, config)`` into ``out/label``; write the recipe's summary into ``out``."""
+               progress: bool = True, workers: int = 1) -> list[dict[str, Any]]:
+    """Train every ``(label, config)`` into ``out/label``; write the recipe's summary into ``out``.
+
+    ``workers`` > 1 trains that many runs at once in separate processes (useful on a GPU, where
+    one small model leaves most of the device idle)."""
     out = Path(out)
     if len(runs) == 1 and runs[0][0] == name:
         return [pretrain(runs[0][1], out, device=device, progress=progress)]
-    results = []
-    for label, cfg in runs:
-        results.append({"label": label, **pretrain(cfg, out / label, device=device, progress=progress)})
+    if workers > 1:
+        with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+            futures = [pool.submit(pretrain, cfg, out / label, device=device, progress=False) for label, cfg in runs]
+            done = [f.result() for f in tqdm(futures, desc=f"recipe {name}", disable=not progress)]
+    else:
+        done = [pretrain(cfg, out / label, device=device, progress=progress) for label, cfg in runs]
+    results = [{"label": label, **r} for (label, _), r in zip(runs, done)]
     write_summary(name, results, out)
     return results
 

@@ -1,0 +1,65 @@
+"""eval-lm: perplexity against length, non-inductive mechanisms skipped with a reason, rope scaling."""
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from posattn.cli import main
+from posattn.errors import PositionError
+from posattn.text.corpus import build_corpus
+from posattn.train.config import parse
+from posattn.train.lm_eval import length_sweep, subject, with_rope_scaling, write_report
+from posattn.train.pretrain import pretrain
+
+from .conftest import make_documents, tiny
+
+
+@pytest.fixture(scope="module")
+def runs(corpus, tmp_path_factory):
+    root = tmp_path_factory.mktemp("runs")
+    for label, mechs, objective in (("rope", ["rope"], "clm"), ("absolute", ["absolute"], "clm"),
+                                    ("enc", ["t5"], "mlm")):
+        pretrain(parse(tiny(corpus, objective=objective, mechanisms=mechs, steps=4)), root / label, progress=False)
+    return root
+
+
+def test_perplexity_at_every_length_and_reasons(runs):
+    rows = length_sweep([subject(runs / "rope"), subject(runs / "absolute")], multipliers=[1, 2],
+                        tokens=256, rope_scaling="yarn", progress=False)
+    by = {r["label"]: r for r in rows}
+    assert set(by) == {"rope", "rope + yarn", "absolute"}
+    assert all(v is not None and math.isfinite(v) for v in by["rope"]["valid_perplexity"].values())
+    assert by["absolute"]["valid_perplexity"]["64"] is None
+    assert "absolute: needs 64 positions" in by["absolute"]["skipped"]["64"]
+    # at the training length YaRN with factor 1 is the unscaled model
+    assert by["rope + yarn"]["valid_loss"]["32"] == pytest.approx(by["rope"]["valid_loss"]["32"], rel=1e-6)
+    assert by["rope + yarn"]["factor"] == {"32": 1.0, "64": 2.0}
+    assert by["rope + yarn"]["valid_loss"]["64"] != by["rope"]["valid_loss"]["64"]
+
+
+def test_rope_scaling_rewrites_only_rope():
+    config = {"max_len": 128, "mechanisms": ["cat", {"name": "rope", "base": 500.0}]}
+    scaled = with_rope_scaling(config, "linear", 4.0)
+    assert scaled["mechanisms"] == ["cat", {"name": "rope", "base": 500.0, "scaling": "linear", "factor": 4.0,
+                                            "original_max_len": 128}]
+    assert with_rope_scaling({"max_len": 8, "mechanisms": ["t5"]}, "yarn", 2.0) is None
+
+
+def test_command_writes_report_and_plots(runs, tmp_path, capsys):
+    assert main(["eval-lm", str(runs / "rope"), str(runs / "enc"), "--lengths", "32", "64", "--tokens", "128",
+                 "--out", str(tmp_path / "e"), "--no-progress"]) == 0
+    rows = json.loads((tmp_path / "e" / "lengths.json").read_text())
+    assert [r["kind"] for r in rows] == ["decoder", "encoder"]
+    assert (tmp_path / "e" / "perplexity_vs_length.png").exists() and (tmp_path / "e" / "mlm_loss_vs_length.png").exists()
+    assert "| rope |" in capsys.readouterr().out
+
+
+def test_vocabulary_mismatch_is_refused(runs, tmp_path):
+    other = build_corpus(make_documents(60, seed=5), tmp_path / "other", vocab_size=48)
+    with pytest.raises(PositionError, match="tokenizer differs"):
+        subject(runs / "rope", other.folder)
+    with pytest.raises(PositionError, match="needs --corpus"):
+        subject(runs / "rope" / "model")
+    write_report([], tmp_path / "empty")

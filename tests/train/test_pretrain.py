@@ -1,0 +1,108 @@
+"""Pretraining: resume equals uninterrupted, batch splitting does not change the trajectory, errors."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from posattn.errors import PositionError
+from posattn.models.io import load
+from posattn.train.config import PretrainConfigError, load as load_config, parse
+from posattn.train.pretrain import CHECKPOINT, pretrain
+
+from .conftest import read_weights, tiny
+
+
+class Interrupt(Exception):
+    pass
+
+
+def stop_at(n):
+    def hook(step):
+        if step == n:
+            raise Interrupt
+    return hook
+
+
+@pytest.mark.parametrize("objective,mechanisms", [("mlm", ["absolute"]), ("clm", ["rope", "cat"])])
+def test_resume_after_interruption_matches_uninterrupted(corpus, tmp_path, objective, mechanisms):
+    # dropout > 0: the resumed run must also restore the dropout RNG stream
+    cfg = parse(tiny(corpus, objective=objective, mechanisms=mechanisms, dropout=0.1))
+    whole = pretrain(cfg, tmp_path / "whole", progress=False)
+    with pytest.raises(Interrupt):
+        pretrain(cfg, tmp_path / "cut", progress=False, on_step=stop_at(3))  # killed after step 3, checkpoint at 2
+    state = torch.load(tmp_path / "cut" / CHECKPOINT, weights_only=False)
+    assert state["step"] == 2
+    resumed = pretrain(cfg, tmp_path / "cut", progress=False)
+    a, b = read_weights(tmp_path / "whole"), read_weights(tmp_path / "cut")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert resumed["valid_loss"] == whole["valid_loss"]
+    steps = [r["step"] for r in map(json.loads, (tmp_path / "cut" / "metrics.jsonl").read_text().splitlines())
+             if "loss" in r]
+    assert steps == list(range(1, 7)), "metrics of steps past the checkpoint are rewritten, not duplicated"
+    assert (tmp_path / "cut" / "loss.png").stat().st_size > 0
+    assert pretrain(cfg, tmp_path / "cut", progress=False) == resumed  # a finished run is not trained again
+
+
+def test_gradient_accumulation_matches_one_big_batch(corpus, tmp_path):
+    one = pretrain(parse(tiny(corpus, batch_size=8)), tmp_path / "one", progress=False)
+    acc = pretrain(parse(tiny(corpus, batch_size=8, grad_accum=4)), tmp_path / "acc", progress=False)
+    a, b = read_weights(tmp_path / "one"), read_weights(tmp_path / "acc")
+    assert all(torch.allclose(a[k], b[k], atol=2e-5) for k in a)
+    assert acc["valid_loss"] == pytest.approx(one["valid_loss"], abs=1e-4)
+
+
+def test_learning_goes_down_and_model_folder_loads(corpus, tmp_path):
+    # the text is random words from a list of 27: the masked-LM loss falls from ln 64 towards ln 27
+    result = pretrain(parse(tiny(corpus, steps=60, eval_every=60, lr=1e-2)), tmp_path / "r", progress=False)
+    rows = [json.loads(line) for line in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
+    losses = [r["loss"] for r in rows if "loss" in r]
+    assert losses[0] > 4.0 and losses[-1] < losses[0] - 0.3
+    assert 0 <= result["data_fraction"] < 1 and result["tokens_per_s"] > 0
+    model = load(tmp_path / "r" / "model")
+    assert model.cfg.vocab_size == 64 and (tmp_path / "r" / "model" / "tokenizer.json").exists()
+
+
+def test_corrupt_checkpoint_is_refused_and_kept(corpus, tmp_path):
+    cfg = parse(tiny(corpus))
+    (tmp_path / "r").mkdir()
+    (tmp_path / "r" / CHECKPOINT).write_bytes(b"not a checkpoint")
+    with pytest.raises(PositionError, match="unreadable"):
+        pretrain(cfg, tmp_path / "r", progress=False)
+    assert (tmp_path / "r" / CHECKPOINT).read_bytes() == b"not a checkpoint"
+
+
+def test_changed_config_or_corpus_is_refused(corpus, tmp_path):
+    with pytest.raises(Interrupt):
+        pretrain(parse(tiny(corpus)), tmp_path / "r", progress=False, on_step=stop_at(2))
+    before = (tmp_path / "r" / CHECKPOINT).read_bytes()
+    with pytest.raises(PositionError, match=r"different config \(lr: 0.003 -> 0.01\)"):
+        pretrain(parse(tiny(corpus, lr=0.01)), tmp_path / "r", progress=False)
+    assert (tmp_path / "r" / CHECKPOINT).read_bytes() == before
+
+
+def test_config_errors_are_listed_together(corpus):
+    with pytest.raises(PretrainConfigError) as e:
+        parse({"objective": "mlmm", "steps": 0, "lrr": 1, "model": {"widht": 3}})
+    text = str(e.value)
+    for part in ("unknown key 'lrr'", "objective must be one of mlm, clm", "steps must be a positive integer"):
+        assert part in text
+    with pytest.raises(PretrainConfigError, match="model.widht: unknown field"):
+        parse({"model": {"widht": 3}})
+    with pytest.raises(PretrainConfigError, match="unknown mechanism"):
+        parse({"mechanisms": ["rope2"]})
+    with pytest.raises(PretrainConfigError, match="built-in recipes"):
+        load_config("no_such_recipe")
+
+
+def test_recipes_ship_and_validate():
+    for name in ("cat_lm", "chang_mlm"):
+        recipe, runs = load_config(name)
+        assert recipe == name and len(runs) >= 6
+        assert len({label for label, _ in runs}) == len(runs)
+
+
+def test_batch_not_divisible_is_refused(corpus, tmp_path):
+    with pytest.raises(PositionError, match="multiple of processes × grad_accum"):
+        pretrain(parse(tiny(corpus, batch_size=6, grad_accum=4)), tmp_path / "r", progress=False)
