@@ -26,6 +26,18 @@ Path = Literal["reference", "fast"]
 PATHS: dict[str, object] = {"reference": reference.attend, "fast": fast.attend}
 
 
+def mix(mechanisms: list[Mechanism], q: Tensor, k: Tensor, v: Tensor, ctx: Context, path: Path = "fast",
+        dropout: float = 0.0, training: bool = False) -> Tensor:
+    """Score terms, then softmax(s)·V on ``path`` or the mechanisms' mixer in its place:
+    [b, h, n, d_v] from q, k, v after their transforms."""
+    softmax = Softmax(path, PATHS[path], ctx.keep, ctx.causal, dropout, training)
+    terms = [t for m in mechanisms for t in m.score_terms(q, k, ctx)]
+    for m in mechanisms:
+        if m.mixes:
+            return m.mix(q, k, v, terms, ctx, softmax)
+    return softmax(q, k, v, terms)
+
+
 class Attention(nn.Module):
     """Self-attention over [b, n, d_model] with the given per-layer mechanisms."""
 
@@ -52,18 +64,9 @@ class Attention(nn.Module):
     def terms(self, q: Tensor, k: Tensor, ctx: Context) -> list[Term]:
         return [t for m in self.mechanisms for t in m.score_terms(q, k, ctx)]
 
-    def mix(self, q: Tensor, k: Tensor, v: Tensor, ctx: Context) -> Tensor:
-        """softmax(s)·V on the layer's path, or the layer's mixer in its place: [b, h, n, d_v]."""
-        softmax = Softmax(self.path, PATHS[self.path], ctx.keep, ctx.causal, self.dropout, self.training)
-        terms = self.terms(q, k, ctx)
-        for m in self.mechanisms:
-            if m.mixes:
-                return m.mix(q, k, v, terms, ctx, softmax)
-        return softmax(q, k, v, terms)
-
     def forward(self, x: Tensor, ctx: Context) -> Tensor:
         q, k, v = self.project(x, ctx)
-        o = self.mix(q, k, v, ctx)
+        o = mix(list(self.mechanisms), q, k, v, ctx, self.path, self.dropout, self.training)
         for m in self.mechanisms:
             o = m.transform_output(o, v, ctx)
         b, h, n, d = o.shape
