@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from ..attention import fast
+from ..attention.layer import mix
 from ..mechanisms import Context, Dims, Spec, build
 from ..models import Decoder, Encoder, ModelConfig
 
@@ -166,8 +167,7 @@ def op_case(spec: CaseSpec, sizes: Sizes, record: bool = True) -> Case | None:
             q2, k2, v2 = q, k, v
             for m in mechs:
                 q2, k2, v2 = m.transform_qkv(q2, k2, v2, ctx)
-            terms = [t for m in mechs for t in m.score_terms(q2, k2, ctx)]
-            o = fast.attend(q2, k2, v2, terms, None, sizes.causal)
+            o = mix(mechs, q2, k2, v2, ctx, "fast")  # score terms, then softmax or the mixer
             for m in mechs:
                 o = m.transform_output(o, v2, ctx)
             return o
