@@ -17,6 +17,7 @@ Folders written before ``model_type`` was stored convert with :func:`posattn.hf.
 """
 from __future__ import annotations
 
+import warnings
 from dataclasses import fields
 from typing import Any
 
@@ -29,6 +30,7 @@ from transformers import (AutoConfig, AutoModel, AutoModelForCausalLM, AutoModel
 from transformers.modeling_outputs import (BaseModelOutput, CausalLMOutputWithPast, MaskedLMOutput,
                                            SequenceClassifierOutput)
 
+from ..attention.decode import blockers
 from ..errors import PositionError
 from ..mechanisms import build
 from ..models.config import ModelConfig
@@ -190,7 +192,12 @@ class PosattnForSequenceClassification(PosattnPreTrainedModel):
 
 
 class PosattnForCausalLM(PosattnPreTrainedModel, GenerationMixin):
-    """Causal LM; ``labels`` (usually ``input_ids``) are shifted inside, −100 ignored."""
+    """Causal LM; ``labels`` (usually ``input_ids``) are shifted inside, −100 ignored.
+
+    ``generate`` decodes incrementally from a key/value cache (transformers' ``DynamicCache``,
+    see :mod:`posattn.attention.decode`) when every mechanism allows it and the batch has no
+    padding; otherwise it warns once and recomputes the whole prefix for every new token.
+    """
 
     kind = "decoder"
 
@@ -198,12 +205,32 @@ class PosattnForCausalLM(PosattnPreTrainedModel, GenerationMixin):
                 position_ids: Tensor | None = None, labels: Tensor | None = None,
                 past_key_values: Any = None, use_cache: bool | None = None,
                 **kwargs: Any) -> CausalLMOutputWithPast:
+        """With ``past_key_values`` (a cache), ``input_ids`` are the tokens after the cached prefix."""
         model: Decoder = self.posattn  # type: ignore[assignment]
-        logits = model(input_ids, _keep(attention_mask), position_ids)
+        if past_key_values is not None:
+            logits = model.decode(input_ids, past_key_values)
+        else:
+            logits = model(input_ids, _keep(attention_mask), position_ids)
         loss = None
         if labels is not None:
             loss = F.cross_entropy(logits[:, :-1].flatten(0, 1), labels[:, 1:].flatten(), ignore_index=-100)
-        return CausalLMOutputWithPast(loss=loss, logits=logits)
+        return CausalLMOutputWithPast(loss=loss, logits=logits, past_key_values=past_key_values)
+
+    def prepare_inputs_for_generation(self, input_ids: Tensor, past_key_values: Any = None,
+                                      attention_mask: Tensor | None = None, use_cache: bool | None = True,
+                                      **kwargs: Any) -> dict[str, Any]:
+        """The new tokens and the cache when decoding can be incremental, else the whole prefix."""
+        if past_key_values is None or use_cache is False:
+            return {"input_ids": input_ids, "attention_mask": attention_mask}
+        blocked = blockers(self.posattn.mechanisms())
+        padded = attention_mask is not None and not bool(attention_mask.all())
+        if blocked or padded:
+            if not getattr(self, "_warned_recompute", False):
+                why = f"{', '.join(blocked)} cannot decode incrementally" if blocked else "the batch has padding"
+                warnings.warn(f"posattn: {why}; generate recomputes the whole prefix for every token", stacklevel=2)
+                self._warned_recompute = True
+            return {"input_ids": input_ids, "attention_mask": attention_mask}
+        return {"input_ids": input_ids[:, past_key_values.get_seq_length():], "past_key_values": past_key_values}
 
 
 AutoConfig.register("posattn", PosattnConfig, exist_ok=True)

@@ -103,6 +103,7 @@ class ConvQKV(Mechanism):
 class CAT(Mechanism):
     paper = "Li et al. 2024 (CAT), Fig 2 and Thm 1"
     equation = "Q = F_q∗(XW_q), K = F_k∗(XW_k), V = F_v∗(XW_v)"
+    incremental = "prefix"  # causal filters read earlier rows: decoding re-filters the cached projections
     claims = frozenset({"CAT convolutions"})
 
     def __init__(self, dims: Dims, shared: dict[str, nn.Module], kernel_size: int = 3,

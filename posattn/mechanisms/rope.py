@@ -49,6 +49,7 @@ class RoPE(Mechanism):
     paper = "Su et al. 2021 (RoFormer); Chen et al. 2023 (PI); Peng et al. 2023 (YaRN); CAT §LM"
     equation = "q_i ← R(iθ)q_i, k_j ← R(jθ)k_j"
     acts_on = ("q", "k")
+    incremental = "rows"  # each row rotated by its own position: cached keys stay valid
 
     def __init__(self, dims: Dims, shared: dict[str, nn.Module], base: float = 10000.0,
                  scaling: Scaling = "none", factor: float = 1.0, original_max_len: int | None = None,

@@ -49,6 +49,8 @@ class TUPE(Mechanism):
     def check(self, ctx: Context) -> None:
         max_len_check(self, int(ctx.positions.max()) + 1, self.positions.num_embeddings)
 
+    incremental = "rows"  # the q/k/v transform is a per-row rescaling
+
     def transform_qkv(self, q: Tensor, k: Tensor, v: Tensor, ctx: Context) -> tuple[Tensor, Tensor, Tensor]:
         return q / math.sqrt(2.0), k, v
 

@@ -2,7 +2,8 @@
 
 - :class:`Encoder`: bidirectional; token + optional segment ids, padding mask, an MLM head
   with tied embeddings (BERT's transform + decoder) and a sequence-classification head.
-- :class:`Decoder`: causal; an LM head with tied embeddings.
+- :class:`Decoder`: causal; an LM head with tied embeddings; :meth:`Decoder.decode` continues a
+  prefix from a key/value cache.
 Position enters only through the configured mechanisms (:mod:`posattn.mechanisms`).
 """
 from __future__ import annotations
@@ -13,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..attention.decode import Cache, Step, blockers
 from ..attention.layer import Attention
 from ..errors import PositionError
 from ..mechanisms import Context, Dims, Mechanism, build
@@ -45,8 +47,10 @@ class Block(nn.Module):
                                      nn.Linear(cfg.d_ff, cfg.d_model, bias=cfg.bias), nn.Dropout(cfg.dropout))
         self.drop = nn.Dropout(cfg.dropout)
 
-    def forward(self, x: Tensor, ctx: Context) -> Tensor:
-        x = x + self.drop(self.attn(self.ln1(x), ctx))
+    def forward(self, x: Tensor, ctx: Context, cached: Step | None = None) -> Tensor:
+        """``cached``: x holds only new rows, which attend to the cache (:meth:`Decoder.decode`)."""
+        a = self.attn(self.ln1(x), ctx) if cached is None else cached.attend(self.attn, self.ln1(x), ctx)
+        x = x + self.drop(a)
         if self.mlp is not None:
             x = x + self.mlp(self.ln2(x))
         return x
@@ -161,6 +165,27 @@ class Decoder(Transformer):
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None,
                 positions: Tensor | None = None) -> Tensor:
         return self.logits(self.hidden(input_ids, None, attention_mask, positions))
+
+    def decode(self, input_ids: Tensor, cache: Cache) -> Tensor:
+        """Logits [b, m, vocab] of ``input_ids`` [b, m] continuing the prefix held in ``cache``
+        (updated in place; start with an empty :class:`~posattn.attention.decode.KVCache`): the
+        last m rows of ``self(prefix + input_ids)``, at O(prefix) cost per new token.
+        PositionError naming the mechanisms that cannot decode incrementally."""
+        blocked = blockers(self.mechanisms())
+        if blocked:
+            raise PositionError(f"{', '.join(blocked)}: cannot decode incrementally (see "
+                                f"posattn.attention.decode); recompute the prefix with model(input_ids)")
+        b, m = input_ids.shape
+        start = cache.get_seq_length()
+        ctx = self.context(input_ids, None, None, torch.arange(start, start + m, device=input_ids.device).expand(b, m))
+        every = torch.arange(start + m, device=input_ids.device).expand(b, start + m)
+        ctx_all = Context(positions=every, segments=torch.zeros_like(every), keep=None, causal=True)
+        for mech in self.mechanisms():
+            mech.check(ctx_all)
+        x = self.embed(input_ids, ctx)
+        for layer, block in enumerate(self.blocks):
+            x = block(x, ctx, Step(ctx_all, cache, layer))
+        return self.logits(self.norm(x))
 
 
 class Encoder(Transformer):

@@ -1,0 +1,151 @@
+"""Incremental (cached) decoding: the new query rows of a causal model attend to cached keys.
+
+A decoder that has processed positions 0 … p − 1 keeps, per layer, what the next rows need, in
+a cache with transformers' two-method protocol (``update(k, v, layer) -> all k, v`` and
+``get_seq_length()``; :class:`KVCache` here, or a transformers ``DynamicCache``). For new
+tokens at positions p … n − 1:
+
+- a mechanism whose hooks act on each row given its position (``"rows"``: rope, absolute,
+  sinusoidal and every mechanism that only adds score terms) caches the transformed k and v;
+  its score terms are built for the whole length n (the context ``ctx_all``) and only their
+  rows p … n − 1 are formed (:func:`term_rows`), O(n) per new token, never O(n²);
+- a mechanism whose q/k/v transform reads earlier rows (``"prefix"``: CAT's causal filters)
+  has the raw projections cached and the transform re-applied to the whole history each step
+  (O(n·K) for a K-tap filter, still linear);
+- anything else (an output transform such as depthwise_conv, conv_qkv's convolution of the layer
+  input, a mixer) cannot decode incrementally: :func:`blockers` names it, and callers recompute
+  the prefix instead.
+
+A mechanism states its mode as ``incremental = "rows" | "prefix"``; one that adds only score
+terms needs no statement.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal, Protocol
+
+import torch
+from torch import Tensor
+
+from ..errors import PositionError
+from ..mechanisms.base import Context, Mechanism
+from .terms import Dense, LowRank, QueryRelative, Term, Toeplitz
+
+if TYPE_CHECKING:
+    from .layer import Attention
+
+Mode = Literal["rows", "prefix"]
+
+
+class Cache(Protocol):
+    def update(self, key: Tensor, value: Tensor, layer_idx: int) -> tuple[Tensor, Tensor]: ...
+
+    def get_seq_length(self) -> int: ...
+
+
+class KVCache:
+    """Per-layer keys and values, appended along the sequence (transformers' cache protocol)."""
+
+    def __init__(self) -> None:
+        self.keys: list[Tensor] = []
+        self.values: list[Tensor] = []
+
+    def update(self, key: Tensor, value: Tensor, layer_idx: int) -> tuple[Tensor, Tensor]:
+        if layer_idx == len(self.keys):
+            self.keys.append(key)
+            self.values.append(value)
+        else:
+            self.keys[layer_idx] = torch.cat([self.keys[layer_idx], key], -2)
+            self.values[layer_idx] = torch.cat([self.values[layer_idx], value], -2)
+        return self.keys[layer_idx], self.values[layer_idx]
+
+    def get_seq_length(self) -> int:
+        return self.keys[0].shape[-2] if self.keys else 0
+
+
+def mode(m: Mechanism) -> Mode | None:
+    """How ``m`` decodes incrementally, or None if it cannot (a mixer never can)."""
+    if getattr(m, "mixes", False):
+        return None
+    declared = getattr(m, "incremental", None)
+    if declared is not None:
+        return declared
+    plain = all(getattr(type(m), hook) is getattr(Mechanism, hook) for hook in ("transform_qkv", "transform_output"))
+    return "rows" if plain else None
+
+
+def blockers(mechanisms: list[Mechanism]) -> list[str]:
+    """Names of the mechanisms that cannot decode incrementally."""
+    return sorted({m.name for m in mechanisms if mode(m) is None})
+
+
+def term_rows(term: Term, start: int, n: int) -> Tensor:
+    """Rows start … n − 1 of a term built for length n, as [b|1, h|1, n − start, n]."""
+    def offsets(t: Tensor) -> Tensor:  # [m, n]: j − i
+        return torch.arange(n, device=t.device)[None, :] - torch.arange(start, n, device=t.device)[:, None]
+
+    if isinstance(term, Toeplitz):
+        return term.table[:, offsets(term.table) + n - 1].unsqueeze(0)
+    if isinstance(term, LowRank):
+        u = term.u[..., start:, :] if term.u.shape[-2] == n else term.u
+        return u @ term.v.transpose(-1, -2)
+    if isinstance(term, QueryRelative):
+        r = -offsets(term.vec) if term.key_side else offsets(term.vec)
+        a = term.weight[..., r.clamp(-term.window, term.window) + term.window, :]
+        eq = "bhid,ijd->bhij" if a.dim() == 3 else "bhid,hijd->bhij"
+        if term.key_side:
+            eq = eq.replace("bhid,", "bhjd,")
+        vec = term.vec if term.key_side or term.vec.shape[-2] == n - start else term.vec[..., start:, :]
+        return torch.einsum(eq, vec, a) * term.scale
+    if isinstance(term, Dense):
+        return term.bias[..., start:, :] if term.bias.shape[-2] == n else term.bias
+    raise PositionError(f"cached decoding does not know the score term {type(term).__name__}")
+
+
+def attend_rows(q: Tensor, k: Tensor, v: Tensor, terms: list[Term], start: int) -> Tensor:
+    """softmax(q kᵀ/√d_h + terms) v for query rows start … n − 1 over keys 0 … n − 1 (causal)."""
+    n = k.shape[-2]
+    s = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    for t in terms:
+        s = s + term_rows(t, start, n)
+    if q.shape[-2] > 1:
+        rows = torch.arange(start, n, device=q.device)[:, None]
+        s = s.masked_fill(torch.arange(n, device=q.device)[None, :] > rows, float("-inf"))
+    return torch.softmax(s, -1) @ v
+
+
+@dataclass
+class Step:
+    """What one layer needs to decode new rows: the whole-length context, the cache, its index."""
+
+    ctx_all: Context
+    cache: Cache
+    layer: int
+
+    def attend(self, attn: "Attention", x: Tensor, ctx_new: Context) -> Tensor:
+        return step(attn, x, ctx_new, self.ctx_all, self.cache, self.layer)
+
+
+def step(attn: "Attention", x: Tensor, ctx_new: Context, ctx_all: Context, cache: Cache,
+         layer_idx: int) -> Tensor:
+    """One attention layer on the new rows ``x`` [b, m, d_model]; ``ctx_new`` holds their
+    positions, ``ctx_all`` the whole length. Updates ``cache``; returns [b, m, d_model]."""
+    b, m, _ = x.shape
+    h = attn.dims.n_heads
+    start = ctx_all.n - m
+    raw = attn.qkv(x).view(b, m, 3, h, -1).permute(2, 0, 3, 1, 4)
+    ctx_new.x = x
+    if any(mode(mech) == "prefix" for mech in attn.mechanisms):
+        qk, v = cache.update(torch.cat([raw[1], raw[0]], -1), raw[2], layer_idx)
+        k, q = qk.chunk(2, -1)
+        for mech in attn.mechanisms:
+            q, k, v = mech.transform_qkv(q, k, v, ctx_all)
+        q = q[..., start:, :]
+    else:
+        q, k, v = raw[0], raw[1], raw[2]
+        for mech in attn.mechanisms:
+            q, k, v = mech.transform_qkv(q, k, v, ctx_new)
+        k, v = cache.update(k, v, layer_idx)
+    o = attend_rows(q, k, v, attn.terms(q, k, ctx_all), start)
+    return attn.out(o.transpose(1, 2).reshape(b, m, -1))
