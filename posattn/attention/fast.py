@@ -41,7 +41,7 @@ from .banded import BandGeometry, banded_attention
 from .cache import POSITION_CACHE
 from .flash_bias import BiasGeometry, ChunkFn, flash_bias_attention, relative_chunk
 from .masking import allowed_mask
-from .terms import Dense, LowRank, QueryRelative, Term, Toeplitz, relative_index
+from .terms import LowRank, QueryRelative, Term, Toeplitz
 
 Path = Literal["sdpa", "dense", "banded", "flash_bias", "flex"]
 
@@ -87,17 +87,6 @@ def using(policy: Policy) -> Iterator[Policy]:
 
 
 # -- pieces shared by several paths -----------------------------------------------------------
-def query_relative_bias(t: QueryRelative, n: int) -> Tensor:
-    """[b, h, n, n] from the [b, h, n, 2w+1] products with the relative embeddings."""
-    w = t.weight if t.weight.dim() == 3 else t.weight.unsqueeze(0)  # [h|1, 2w+1, d]
-    prod = torch.einsum("bhid,hmd->bhim", t.vec, w) * t.scale
-    r = relative_index(n, t.vec.device) - (n - 1)
-    idx = (r.T if t.key_side else r).clamp(-t.window, t.window) + t.window  # [n, n]
-    if t.key_side:  # t_ij = prod[j, idx_ij]
-        return prod.gather(-1, idx.T.expand(*prod.shape[:2], n, n)).transpose(-1, -2)
-    return prod.gather(-1, idx.expand(*prod.shape[:2], n, n))
-
-
 def _round_up(x: int, m: int) -> int:
     return -(-x // m) * m
 
@@ -119,45 +108,18 @@ def fold_low_rank(q: Tensor, k: Tensor, v: Tensor, terms: list[LowRank], scale: 
     return q2, k2, F.pad(v, (0, width - v.shape[-1]))
 
 
-def _batch_free(t: Tensor) -> bool:
-    """True when every batch row of t is the same, so one [1, h, n, n] bias serves the batch."""
-    return t.shape[0] == 1 or bool(torch.equal(t, t[:1].expand_as(t)))
-
-
-def _position_only(low: list[LowRank], rest: list[Term]) -> bool:
-    """True when every term depends on positions alone (same for every batch row, no q or k)."""
-    return (all(isinstance(t, (Toeplitz, Dense, LowRank)) for t in rest)
-            and all(_batch_free(t.bias) for t in rest if isinstance(t, Dense))
-            and all(_batch_free(t.u) and _batch_free(t.v) for t in low))
-
-
-def _first_row(t: Term) -> Term:
-    """A position-only term with its batch dimension reduced to 1."""
-    if isinstance(t, LowRank):
-        return LowRank(t.u[:1], t.v[:1])
-    if isinstance(t, Dense) and t.bias.dim() == 4:
-        return Dense(t.bias[:1])
-    return t
+def _position_only(terms: list[Term]) -> bool:
+    return all(t.position_only() for t in terms)
 
 
 def _term_tensors(terms: list[Term]) -> list[Tensor]:
-    out: list[Tensor] = []
-    for t in terms:
-        if isinstance(t, Toeplitz):
-            out.append(t.table)
-        elif isinstance(t, LowRank):
-            out += [t.u, t.v]
-        elif isinstance(t, Dense):
-            out.append(t.bias)
-        elif isinstance(t, QueryRelative):
-            out += [t.vec, t.weight]
-    return out
+    return [x for t in terms for x in t.tensors()]
 
 
 def _dense_bias(terms: list[Term], n: int) -> Tensor:
     total: Tensor | None = None
     for t in terms:
-        part = query_relative_bias(t, n) if isinstance(t, QueryRelative) else t.dense(n)
+        part = t.bias(n)
         total = part if total is None else total + part
     assert total is not None
     return total if total.dim() == 4 else total.unsqueeze(0)
@@ -166,13 +128,8 @@ def _dense_bias(terms: list[Term], n: int) -> Tensor:
 # -- planning ---------------------------------------------------------------------------------
 def _window(rest: list[Term]) -> int | None:
     """The common window of ``rest`` if every term is constant outside one, else None."""
-    w = 0
-    for t in rest:
-        if isinstance(t, QueryRelative) or (isinstance(t, Toeplitz) and t.window is not None):
-            w = max(w, t.window)  # type: ignore[arg-type]
-        else:
-            return None
-    return w
+    windows = [t.constant_beyond() for t in rest]
+    return None if None in windows else max(windows, default=0)  # type: ignore[type-var]
 
 
 def _needs_grad(tensors: list[Tensor]) -> bool:
@@ -214,7 +171,7 @@ def plan(q: Tensor, terms: list[Term], causal: bool, dropout: float = 0.0, train
 
 def _dense_low_rank(q: Tensor, low: list[LowRank], policy: Policy) -> bool:
     """Inference with wide position-only low-rank terms: a cached dense bias beats the fold."""
-    if _needs_grad(_term_tensors(list(low))) or not _position_only(low, []):
+    if _needs_grad(_term_tensors(list(low))) or not _position_only(list(low)):
         return False
     n, h = q.shape[-2], q.shape[1]
     rank = sum(t.u.shape[-1] for t in low)
@@ -285,9 +242,9 @@ def _dense(q: Tensor, k: Tensor, v: Tensor, low: list[LowRank], rest: list[Term]
     no gradient. Low-rank terms fold, unless they are part of such a cached bias."""
     n, d_v = q.shape[-2], v.shape[-1]
     dense_terms: list[Term] = list(rest)
-    cache = not _needs_grad(_term_tensors(low + rest)) and _position_only(low, rest)
+    cache = not _needs_grad(_term_tensors(low + rest)) and _position_only(low + rest)
     if cache:
-        dense_terms = [_first_row(t) for t in dense_terms + low]
+        dense_terms = [t.first_row() for t in dense_terms + low]
         low = []
     if low:
         q, k, v = fold_low_rank(q, k, v, low, scale, policy.width_multiple)

@@ -18,12 +18,37 @@ def relative_index(n: int, device: torch.device) -> Tensor:
     return pos[None, :] - pos[:, None] + (n - 1)
 
 
+def batch_free(t: Tensor) -> bool:
+    """True when every batch row of t is the same, so one batch row serves the batch."""
+    return t.shape[0] == 1 or bool(torch.equal(t, t[:1].expand_as(t)))
+
+
 class Term:
     """An additive score term s_ij += t_ij."""
 
     def dense(self, n: int) -> Tensor:
         """The term as a broadcastable [b|1, h|1, n, n] tensor (reference path)."""
         raise NotImplementedError
+
+    def tensors(self) -> list[Tensor]:
+        """The tensors the term is made of (gradient checks, cache keys)."""
+        raise NotImplementedError
+
+    def position_only(self) -> bool:
+        """True when the term depends on positions alone: no q or k, the same for every batch row."""
+        return False
+
+    def first_row(self) -> "Term":
+        """A position-only term with its batch dimension reduced to 1."""
+        return self
+
+    def constant_beyond(self) -> int | None:
+        """w when the term is constant (per row) for |j − i| > w on each side, else None."""
+        return None
+
+    def bias(self, n: int) -> Tensor:
+        """The fastest exact dense form [b|1, h|1, n, n] (the fast path's dense bias)."""
+        return self.dense(n)
 
 
 @dataclass
@@ -44,6 +69,15 @@ class Toeplitz(Term):
     def dense(self, n: int) -> Tensor:
         return self.table[:, relative_index(n, self.table.device)].unsqueeze(0)
 
+    def tensors(self) -> list[Tensor]:
+        return [self.table]
+
+    def position_only(self) -> bool:
+        return True
+
+    def constant_beyond(self) -> int | None:
+        return self.window
+
 
 @dataclass
 class LowRank(Term):
@@ -54,6 +88,15 @@ class LowRank(Term):
 
     def dense(self, n: int) -> Tensor:
         return self.u @ self.v.transpose(-1, -2)
+
+    def tensors(self) -> list[Tensor]:
+        return [self.u, self.v]
+
+    def position_only(self) -> bool:
+        return batch_free(self.u) and batch_free(self.v)
+
+    def first_row(self) -> "LowRank":
+        return LowRank(self.u[:1], self.v[:1])
 
 
 @dataclass
@@ -84,6 +127,23 @@ class QueryRelative(Term):
             eq = eq.replace("bhid,", "bhjd,")
         return torch.einsum(eq, self.vec, a) * self.scale
 
+    def tensors(self) -> list[Tensor]:
+        return [self.vec, self.weight]
+
+    def constant_beyond(self) -> int | None:
+        return self.window
+
+    def bias(self, n: int) -> Tensor:
+        """[b, h, n, n] gathered from the [b, h, n, 2w+1] products q·W[r]ᵀ, never Shaw's
+        n×n×d tensor."""
+        w = self.weight if self.weight.dim() == 3 else self.weight.unsqueeze(0)  # [h|1, 2w+1, d]
+        prod = torch.einsum("bhid,hmd->bhim", self.vec, w) * self.scale
+        r = relative_index(n, self.vec.device) - (n - 1)
+        idx = (r.T if self.key_side else r).clamp(-self.window, self.window) + self.window  # [n, n]
+        if self.key_side:  # t_ij = prod[j, idx_ij]
+            return prod.gather(-1, idx.T.expand(*prod.shape[:2], n, n)).transpose(-1, -2)
+        return prod.gather(-1, idx.expand(*prod.shape[:2], n, n))
+
 
 @dataclass
 class Dense(Term):
@@ -93,3 +153,12 @@ class Dense(Term):
 
     def dense(self, n: int) -> Tensor:
         return self.bias
+
+    def tensors(self) -> list[Tensor]:
+        return [self.bias]
+
+    def position_only(self) -> bool:
+        return batch_free(self.bias)
+
+    def first_row(self) -> "Dense":
+        return Dense(self.bias[:1]) if self.bias.dim() == 4 else self

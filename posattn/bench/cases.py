@@ -39,23 +39,33 @@ class Sizes:
     causal: bool = False
     vocab: int = 256
     max_len: int = 4096
+    layers: int = 1  # blocks (layer cases: 1; model cases: 12)
+    d_ff: int | None = None  # None: 4·d_model
+    dropout: float = 0.0  # every dropout of the model (training steps)
 
     @property
     def d_model(self) -> int:
         return self.heads * self.head_dim
+
+    @property
+    def ff(self) -> int:
+        return 4 * self.d_model if self.d_ff is None else self.d_ff
 
 
 @dataclass(frozen=True)
 class CaseSpec:
     """Plain-data description of a case: kind, mechanism list (JSON) or peer name, length."""
 
-    kind: str  # "layer" | "op" | "peer"
-    name: str  # mechanism list as JSON, "sdpa", or a peer name
+    kind: str  # "layer" | "op" | "peer" | "model"
+    name: str  # mechanism list as JSON, "sdpa", a peer name, or a model name (:mod:`.models`)
     n: int
 
     @property
     def label(self) -> str:
-        if self.kind == "peer" or self.name == BASELINE:
+        if self.kind == "model" and self.name.startswith("["):
+            kind, mechanisms = json.loads(self.name)
+            return f"{kind}({spec_label(mechanisms)})"
+        if self.kind in ("peer", "model") or self.name == BASELINE:
             return self.name
         return spec_label(json.loads(self.name))
 
@@ -91,7 +101,7 @@ def _loss(out: torch.Tensor) -> torch.Tensor:
     return out.float().pow(2).mean()
 
 
-def _record_paths(train: Callable[[], None], infer: Callable[[], None]) -> str:
+def record_paths(train: Callable[[], None], infer: Callable[[], None]) -> str:
     """Run a training step and an inference pass, returning the fast-path algorithms
     :func:`fast.plan` chose for each ("train / infer" when they differ)."""
     return " / ".join(dict.fromkeys(_plans(f) for f in (train, infer)))
@@ -116,9 +126,9 @@ def _plans(fn: Callable[[], None]) -> str:
 
 def layer_case(spec: CaseSpec, sizes: Sizes, record: bool = True) -> Case:
     mechanisms = ["none"] if spec.name == BASELINE else json.loads(spec.name)
-    cfg = ModelConfig(vocab_size=sizes.vocab, d_model=sizes.d_model, n_layers=1, n_heads=sizes.heads,
-                      d_ff=4 * sizes.d_model, max_len=sizes.max_len, n_segments=2,
-                      mechanisms=mechanisms, attn_path="fast")
+    cfg = ModelConfig(vocab_size=sizes.vocab, d_model=sizes.d_model, n_layers=sizes.layers,
+                      n_heads=sizes.heads, d_ff=sizes.ff, max_len=sizes.max_len, n_segments=2,
+                      mechanisms=mechanisms, attn_path="fast", dropout=sizes.dropout)
     torch.manual_seed(0)
     model = (Decoder if sizes.causal else Encoder)(cfg).eval()
     g = torch.Generator().manual_seed(1)
@@ -139,7 +149,7 @@ def layer_case(spec: CaseSpec, sizes: Sizes, record: bool = True) -> Case:
         with torch.no_grad():
             forward()
 
-    return Case(spec, train, infer, _record_paths(train, infer) if record else "")
+    return Case(spec, train, infer, record_paths(train, infer) if record else "")
 
 
 def op_case(spec: CaseSpec, sizes: Sizes, record: bool = True) -> Case | None:
@@ -183,7 +193,7 @@ def op_case(spec: CaseSpec, sizes: Sizes, record: bool = True) -> Case | None:
         with torch.no_grad():
             attention()
 
-    return Case(spec, train, infer, _record_paths(train, infer) if mechs and record else "sdpa")
+    return Case(spec, train, infer, record_paths(train, infer) if mechs and record else "sdpa")
 
 
 def make_case(spec: CaseSpec, sizes: Sizes, record: bool = True) -> Case | None:
@@ -193,6 +203,10 @@ def make_case(spec: CaseSpec, sizes: Sizes, record: bool = True) -> Case | None:
         return layer_case(spec, sizes, record)
     if spec.kind == "op":
         return op_case(spec, sizes, record)
+    if spec.kind == "model":
+        from .models import model_case
+
+        return model_case(spec, sizes, record)
     from .peers import peer_case
 
     return peer_case(spec, sizes)

@@ -2,12 +2,15 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 from pathlib import Path
 
 from ..errors import PositionError
 from ..mechanisms import get
 from .cases import Sizes, parse_mechanisms
-from .report import ordered, plot, save_json, table, targets
+from .models import DEFAULT_MECHANISMS, HF_MODELS, MODEL_LENGTHS, MODEL_SIZES, model_name, model_rows
+from .peers import skipped as skipped_peers
+from .report import model_table, ordered, plot, save_json, table, targets
 from .run import KINDS, BenchOptions, conv_rows, peer_matches, run
 
 QUICK = dict(lengths=[64, 128], heads=2, head_dim=16, repeats=2, warmup=1)
@@ -27,7 +30,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("-n", "--lengths", nargs="+", type=int, help="sequence lengths (default 256 1024 4096)")
     p.add_argument("--kinds", nargs="+", choices=KINDS, default=list(KINDS),
                    help="a one-block model (layer) and/or the bare attention op")
-    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--batch", nargs="+", type=int,
+                   help="batch sizes: every length × batch is measured (default 1; --models: 32)")
+    p.add_argument("--dropout", type=float,
+                   help="dropout of every case's model in training steps (default 0; --models: 0.1)")
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--head-dim", type=int, default=64)
     p.add_argument("--causal", action="store_true", help="decoder (causal) instead of encoder")
@@ -39,6 +45,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--peers", action="store_true",
                    help="add HF BERT relative_key_query and x-transformers T5/ALiBi when installed")
     p.add_argument("--quick", action="store_true", help="tiny sizes and 2 rounds (a smoke test)")
+    p.add_argument("--models", action="store_true",
+                   help="instead: whole-model pretraining steps (12 layers, hidden 256, 4 heads, FFN 1024, "
+                        "AdamW) of a posattn Encoder (absolute; -m adds more) against Hugging Face "
+                        "BertForMaskedLM, and a Decoder (rope) against GPT-NeoX and Llama; tokens/s and "
+                        "peak memory (default n 128, batch 32)")
     p.add_argument("--conv", action="store_true",
                    help="instead: time shift-add / Conv1d / FFT depthwise convolution by kernel length")
     p.add_argument("--out", type=Path, default=Path("runs/bench"), help="folder for table, plot and JSON")
@@ -58,18 +69,44 @@ def options(args: argparse.Namespace) -> BenchOptions:
         for specs in mechs:
             for s in specs:
                 get(s if isinstance(s, str) else s.get("name", ""))
+    if args.models:
+        return _model_options(args, quick, mechs)
     lengths = args.lengths or quick.get("lengths") or [256, 1024, 4096]
     if min(lengths) < 2:
         raise PositionError(f"bench: lengths must be >= 2, got {lengths}")
     sizes = Sizes(heads=quick.get("heads", args.heads), head_dim=quick.get("head_dim", args.head_dim),
-                  batch=args.batch, causal=args.causal, max_len=max(lengths))
+                  causal=args.causal, max_len=max(lengths), dropout=args.dropout or 0.0)
     opts = BenchOptions(lengths=lengths, kinds=tuple(args.kinds), sizes=sizes, threads=args.threads,
+                        batches=_batches(args.batch or [1]),
                         repeats=_first(args.repeats, quick.get("repeats"), 5),
                         warmup=_first(args.warmup, quick.get("warmup"), 1),
                         timing=not args.no_time, memory=not args.no_memory, peers=args.peers)
     if mechs is not None:
         opts.mechanisms = mechs
     return opts
+
+
+def _batches(batches: list[int]) -> list[int]:
+    if min(batches) < 1:
+        raise PositionError(f"bench: batch sizes must be >= 1, got {batches}")
+    return batches
+
+
+def _model_options(args: argparse.Namespace, quick: dict, mechs: list | None) -> BenchOptions:
+    """--models: the posattn encoder and decoder (default mechanisms, plus any -m) and the HF models."""
+    names = [model_name(kind) for kind in DEFAULT_MECHANISMS]
+    for m in mechs or []:
+        names += [model_name(kind, m) for kind in DEFAULT_MECHANISMS if model_name(kind, m) not in names]
+    available = list(HF_MODELS) if importlib.util.find_spec("transformers") is not None else []
+    sizes = MODEL_SIZES
+    if args.quick:
+        sizes = Sizes(heads=2, head_dim=16, vocab=512, layers=2, d_ff=64, dropout=MODEL_SIZES.dropout)
+    sizes = Sizes(**{**sizes.__dict__, "dropout": sizes.dropout if args.dropout is None else args.dropout})
+    return BenchOptions(lengths=args.lengths or quick.get("lengths", MODEL_LENGTHS), kinds=("model",),
+                        sizes=sizes, threads=args.threads, batches=_batches(args.batch or [MODEL_SIZES.batch]),
+                        models=names + available, repeats=_first(args.repeats, quick.get("repeats"), 5),
+                        warmup=_first(args.warmup, quick.get("warmup"), 1),
+                        timing=not args.no_time, memory=not args.no_memory)
 
 
 def bench_command(args: argparse.Namespace) -> None:
@@ -83,12 +120,17 @@ def bench_command(args: argparse.Namespace) -> None:
                   f"fft {r['fft_ms']:8.2f}  -> chosen: {r['chosen']}")
         save_json(rows, args.json or args.out / "conv.json")
         return
+    if args.peers:
+        for peer, why in skipped_peers().items():
+            print(f"peer {peer}: {why}")
     rows = ordered(run(options(args), partial=lambda rows: save_json(ordered(rows), args.out / "bench.json")))
-    text = table(rows)
+    if args.models:
+        rows = model_rows(rows)
+    text = model_table(rows) if args.models else table(rows)
     checks = targets(rows, peer_matches())
     print(text)
     if checks:
-        print("\ntargets (issue 4):")
+        print("\ntargets (issues 4 and 11):")
         print("\n".join("  " + c for c in checks))
     (args.out / "bench.txt").write_text(text + ("\n\n" + "\n".join(checks) if checks else "") + "\n")
     save_json(rows, args.out / "bench.json")

@@ -2,7 +2,8 @@
 
 - Hugging Face ``transformers`` 4.x BERT, one layer, ``position_embedding_type=
   "relative_key_query"`` (Shaw/Huang relative keys on both the query and the key side; eager
-  attention, which these types require), and BERT with absolute positions for reference;
+  attention, which these types require; skipped with a message under transformers 5, which
+  removed it), and BERT with absolute positions for reference;
 - ``x-transformers`` encoder/decoder, one layer, with its T5 relative bias and with ALiBi.
 
 Each peer is matched with the posattn mechanism it should be compared with (``MATCH``).
@@ -25,11 +26,31 @@ MATCH: dict[str, list[Any]] = {
 }
 REQUIRES = {"hf_bert_relative_key_query": "transformers", "hf_bert_absolute": "transformers",
             "xt_t5": "x_transformers", "xt_alibi": "x_transformers"}
+# peers that exist only below a major version of their library: (major, why)
+BELOW_MAJOR = {"hf_bert_relative_key_query": (5, "transformers 5 removed BERT's relative position "
+                                                 "embeddings (position_embedding_type is ignored)")}
+
+
+def _major(module: str) -> int:
+    from importlib.metadata import version
+
+    return int(version(module.replace("_", "-")).split(".")[0])
+
+
+def skipped() -> dict[str, str]:
+    """Installed-library peers that cannot run with the installed version, and why."""
+    out = {}
+    for peer, (major, why) in BELOW_MAJOR.items():
+        mod = REQUIRES[peer]
+        if importlib.util.find_spec(mod) is not None and _major(mod) >= major:
+            out[peer] = f"skipped: needs {mod} < {major}; {why}"
+    return out
 
 
 def available() -> list[str]:
-    """The peers whose library is installed."""
-    return [p for p, mod in REQUIRES.items() if importlib.util.find_spec(mod) is not None]
+    """The peers whose library is installed in a version that has them."""
+    skip = skipped()
+    return [p for p, mod in REQUIRES.items() if importlib.util.find_spec(mod) is not None and p not in skip]
 
 
 Forward = Callable[[torch.Tensor], torch.Tensor]

@@ -18,9 +18,19 @@ MEMORY_PAIR = (4096, 16384)
 MEMORY_RATIO = 5.0
 PEER_N = 2048
 PEER_SPEEDUP = {"hf_bert_relative_key_query": 5.0, "xt_t5": 2.0}
+# Issue 11 targets: layer training step / inference ratio to plain SDPA at pretraining shapes
+SCORE_TERMS = ["t5", "fixed_conv", "dynamic_conv", "key_dynamic_conv", "composite", "tisa", "diet_rel",
+               "alibi", "segment"]
+HEAVY = ["conv_qkv", "depthwise_conv", "cat", "diet_abs", "tupe"]
+GRID_TARGETS: dict[str, tuple[float, float]] = {**dict.fromkeys(SCORE_TERMS, (1.10, 1.05)),
+                                                **dict.fromkeys(HEAVY, (1.25, 1.15))}
+GRID_N = (128, 512)
+GRID_BATCH = (16, 64)
+MODEL_SPEED = 1.0  # posattn model tokens/s ÷ its Hugging Face peer's
 
 COLUMNS = [("mechanism", "mechanism", "{}"), ("kind", "kind", "{}"), ("n", "n", "{}"),
-           ("path", "path", "{}"), ("train_ms", "train ms", "{:.1f}"), ("train_ratio", "train ×", "{:.2f}"),
+           ("batch", "batch", "{}"), ("path", "path", "{}"), ("train_ms", "train ms", "{:.1f}"),
+           ("train_ratio", "train ×", "{:.2f}"), ("train_ratio_range", "range", "{0[0]:.2f}–{0[1]:.2f}"),
            ("infer_ms", "infer ms", "{:.1f}"), ("infer_ratio", "infer ×", "{:.2f}"),
            ("peak_mem_mb", "peak MB", "{:.0f}"), ("mem_ratio", "mem ×", "{:.2f}")]
 
@@ -31,10 +41,19 @@ def _fmt(fmt: str, x: Any) -> str:
     return fmt.format(x)
 
 
-def table(rows: list[dict[str, Any]]) -> str:
+MODEL_COLUMNS = [("mechanism", "model", "{}"), ("n", "n", "{}"), ("batch", "batch", "{}"),
+                 ("dropout", "dropout", "{}"), ("train_ms", "step ms", "{:.0f}"),
+                 ("tokens_per_s", "tokens/s", "{:.0f}"), ("infer_ms", "infer ms", "{:.0f}"),
+                 ("peak_mem_mb", "peak MB", "{:.0f}"), ("speed_vs_hf_bert", "speed ÷ BERT", "{:.2f}"),
+                 ("speed_vs_hf_gpt_neox", "÷ GPT-NeoX", "{:.2f}"), ("speed_vs_hf_llama", "÷ Llama", "{:.2f}"),
+                 ("mem_vs_hf_bert", "mem ÷ BERT", "{:.2f}"), ("mem_vs_hf_gpt_neox", "÷ GPT-NeoX", "{:.2f}"),
+                 ("mem_vs_hf_llama", "÷ Llama", "{:.2f}")]
+
+
+def table(rows: list[dict[str, Any]], columns: list[tuple[str, str, str]] = COLUMNS) -> str:
     """Plain-text table, one line per row."""
-    head = [c[1] for c in COLUMNS]
-    body = [[_fmt(c[2], r.get(c[0])) for c in COLUMNS] for r in rows]
+    head = [c[1] for c in columns]
+    body = [[_fmt(c[2], r.get(c[0])) for c in columns] for r in rows]
     widths = [max(len(x) for x in col) for col in zip(head, *body)]
     lines = ["  ".join(x.ljust(w) for x, w in zip(head, widths)).rstrip(),
              "  ".join("-" * w for w in widths)]
@@ -42,12 +61,41 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def model_table(rows: list[dict[str, Any]]) -> str:
+    """The whole-model comparison (``--models``)."""
+    return table(rows, MODEL_COLUMNS)
+
+
+def _verdict(ok: bool) -> str:
+    return "met" if ok else "MISSED"
+
+
+def grid_targets(rows: list[dict[str, Any]]) -> list[str]:
+    """Issue 11: layer ratios at n ∈ {128, 512}, batch ∈ {16, 64}, encoder and decoder."""
+    out = []
+    for r in rows:
+        goal = GRID_TARGETS.get(r["mechanism"])
+        if not goal or r["kind"] != "layer" or r["n"] not in GRID_N or r.get("batch") not in GRID_BATCH:
+            continue
+        where = f"n={r['n']} batch={r['batch']}{' causal' if r.get('causal') else ''}"
+        for what, limit in zip(("train", "infer"), goal):
+            if r.get(f"{what}_ratio") is not None:
+                out.append(f"{what} ×{r[f'{what}_ratio']:.2f} ≤ {limit} at {where} (layer): {r['mechanism']}: "
+                           f"{_verdict(r[f'{what}_ratio'] <= limit)}")
+    for r in rows:
+        for key in [k for k in r if k.startswith("speed_vs_")]:
+            out.append(f"{r['mechanism']} tokens/s ÷ {key[9:]} = {r[key]:.2f} ≥ {MODEL_SPEED} at n={r['n']} "
+                       f"batch={r['batch']}: {_verdict(r[key] >= MODEL_SPEED)}")
+    return out
+
+
 def targets(rows: list[dict[str, Any]], matches: dict[str, str]) -> list[str]:
-    """The issue's targets that these rows can check, one line each (met / MISSED)."""
-    out: list[str] = []
+    """The issues' targets that these rows can check, one line each (met / MISSED)."""
+    out: list[str] = grid_targets(rows)
     for r in rows:
         goal = TRAIN_TARGETS.get(r["mechanism"])
-        if r["n"] == TARGET_N and r["kind"] == "layer" and goal and r.get("train_ratio") is not None:
+        if (r["n"] == TARGET_N and r["kind"] == "layer" and r.get("batch", 1) == 1 and goal
+                and r.get("train_ratio") is not None):
             ok = r["train_ratio"] <= goal
             out.append(f"train ×{r['train_ratio']:.2f} ≤ {goal} at n={TARGET_N} (layer): {r['mechanism']}: "
                        f"{'met' if ok else 'MISSED'}")
@@ -139,4 +187,5 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
 
 def ordered(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     kind_order = {"layer": 0, "op": 1, "peer": 2}
-    return sorted(rows, key=lambda r: (kind_order.get(r["kind"], 3), r["n"], r["mechanism"] != "sdpa"))
+    return sorted(rows, key=lambda r: (kind_order.get(r["kind"], 3), r.get("causal", False), r["n"],
+                                       r.get("batch", 1), r["mechanism"] != "sdpa"))

@@ -14,7 +14,7 @@ from . import peers as peer_lib
 from .cases import BASELINE, Case, CaseSpec, Sizes, make_case, spec_label
 from .measure import measure_memory, median, time_cases
 
-KINDS = ("layer", "op")
+KINDS = ("layer", "op")  # "model" (whole models against Hugging Face) runs on its own: --models
 
 
 @dataclass
@@ -25,6 +25,8 @@ class BenchOptions:
     lengths: list[int] = field(default_factory=lambda: [256, 1024, 4096])
     kinds: tuple[str, ...] = KINDS
     sizes: Sizes = field(default_factory=Sizes)
+    batches: list[int] = field(default_factory=lambda: [1])  # a grid: every length × batch
+    models: list[str] = field(default_factory=list)  # model cases (kind "model", :mod:`.models`)
     threads: int = 2
     repeats: int = 5
     warmup: int = 1
@@ -38,7 +40,9 @@ def _log(msg: str) -> None:
 
 
 def case_specs(opts: BenchOptions, n: int) -> list[CaseSpec]:
-    """Baselines first, then every mechanism per kind, then the peers."""
+    """Baselines first, then every mechanism per kind, then the peers (or the model cases)."""
+    if opts.kinds == ("model",):
+        return [CaseSpec("model", name, n) for name in opts.models]
     specs: list[CaseSpec] = []
     for kind in opts.kinds:
         specs.append(CaseSpec(kind, BASELINE, n))
@@ -63,58 +67,70 @@ def _build(specs: list[CaseSpec], sizes: Sizes, errors: dict[CaseSpec, str]) -> 
 
 def run(opts: BenchOptions, log: Callable[[str], None] = _log,
         partial: Callable[[list[dict[str, Any]]], None] | None = None) -> list[dict[str, Any]]:
-    """Measure every case; one row (dict) per mechanism, kind and length. ``partial`` gets the
-    rows so far after each length (long runs keep what they measured)."""
+    """Measure every case; one row (dict) per mechanism, kind, length and batch. ``partial``
+    gets the rows so far after each (length, batch) (long runs keep what they measured)."""
     torch.set_num_threads(opts.threads)
     if opts.peers:
         for peer, ours in peer_lib.MATCH.items():
             if peer in peer_lib.available() and ours not in opts.mechanisms:
                 opts.mechanisms.append(ours)
-    sizes = Sizes(**{**opts.sizes.__dict__, "max_len": max(opts.lengths)})
     rows: list[dict[str, Any]] = []
-    for n in opts.lengths:
-        specs = case_specs(opts, n)
-        errors: dict[CaseSpec, str] = {}
-        times: dict[CaseSpec, dict[str, list[float]]] = {}
-        paths: dict[CaseSpec, str] = {}
-        applicable = specs
-        if opts.timing:
-            log(f"n={n}: building {len(specs)} cases")
-            cases = _build(specs, sizes, errors)
-            paths = {c.spec: c.path for c in cases}
-            applicable = [c.spec for c in cases]
-            log(f"n={n}: timing {len(cases)} cases × {opts.repeats} rounds")
-            times = time_cases(cases, opts.repeats, opts.warmup, lambda m: log(f"n={n}: {m}"))
-            del cases
-        memory: dict[CaseSpec, dict[str, Any]] = {}
-        if opts.memory:
-            log(f"n={n}: peak memory of {len(applicable)} cases (child process)")
-            memory = measure_memory(applicable, sizes, opts.threads)
-        rows += _rows(n, specs, times, memory, paths, errors, opts)
+    for n, batch in [(n, b) for b in opts.batches for n in opts.lengths]:
+        sizes = Sizes(**{**opts.sizes.__dict__, "max_len": max(opts.lengths),
+                         "batch": batch})
+        rows += _measure(n, sizes, opts, log)
         if partial:
             partial(rows)
     return rows
 
 
-def _rows(n: int, specs: list[CaseSpec], times: dict[CaseSpec, dict[str, list[float]]],
+def _measure(n: int, sizes: Sizes, opts: BenchOptions, log: Callable[[str], None]) -> list[dict[str, Any]]:
+    """The rows of one length and batch: build, time interleaved, then peak memory."""
+    where = f"n={n} batch={sizes.batch}"
+    specs = case_specs(opts, n)
+    errors: dict[CaseSpec, str] = {}
+    times: dict[CaseSpec, dict[str, list[float]]] = {}
+    paths: dict[CaseSpec, str] = {}
+    applicable = specs
+    if opts.timing:
+        log(f"{where}: building {len(specs)} cases")
+        cases = _build(specs, sizes, errors)
+        paths = {c.spec: c.path for c in cases}
+        applicable = [c.spec for c in cases]
+        log(f"{where}: timing {len(cases)} cases × {opts.repeats} rounds")
+        times = time_cases(cases, opts.repeats, opts.warmup, lambda m: log(f"{where}: {m}"))
+        del cases
+    memory: dict[CaseSpec, dict[str, Any]] = {}
+    if opts.memory:
+        log(f"{where}: peak memory of {len(applicable)} cases (child process)")
+        memory = measure_memory(applicable, sizes, opts.threads)
+    return _rows(n, sizes, specs, times, memory, paths, errors, opts)
+
+
+def _rows(n: int, sizes: Sizes, specs: list[CaseSpec], times: dict[CaseSpec, dict[str, list[float]]],
           memory: dict[CaseSpec, dict[str, Any]], paths: dict[CaseSpec, str],
           errors: dict[CaseSpec, str], opts: BenchOptions) -> list[dict[str, Any]]:
+    """One row per case; ratios against the same kind's plain-SDPA baseline (model cases have
+    none: :func:`.models.model_rows` compares them with Hugging Face instead)."""
     rows = []
     base = {kind: CaseSpec(kind, BASELINE, n) for kind in opts.kinds}
     base["peer"] = base.get("layer", CaseSpec("layer", BASELINE, n))
     for spec in specs:
         if spec not in times and spec not in memory and spec not in errors:
             continue
-        ref = base[spec.kind]
+        ref = base.get(spec.kind)
         row: dict[str, Any] = {"mechanism": spec.label, "kind": spec.kind, "n": n,
                                "path": paths.get(spec, ""), "threads": opts.threads,
-                               **{k: v for k, v in opts.sizes.__dict__.items() if k != "max_len"}}
+                               **{k: v for k, v in sizes.__dict__.items() if k != "max_len"}}
         for what in ("train", "infer"):
-            t, b = times.get(spec, {}).get(what), times.get(ref, {}).get(what)
+            t, b = times.get(spec, {}).get(what), times.get(ref, {}).get(what) if ref else None
             row[f"{what}_ms"] = median(t) * 1e3 if t else None
             row[f"{what}_ratio"] = median(t) / median(b) if t and b else None
             row[f"{what}_runs_ms"] = [x * 1e3 for x in t] if t else []
-        mem, base_mem = memory.get(spec, {}), memory.get(ref, {})
+            if t and b and len(t) == len(b):  # per round: the spread of the ratio
+                per_round = sorted(x / y for x, y in zip(t, b))
+                row[f"{what}_ratio_range"] = [per_round[0], per_round[-1]]
+        mem, base_mem = memory.get(spec, {}), memory.get(ref, {}) if ref else {}
         row["peak_mem_mb"] = mem.get("train_mb")
         row["infer_peak_mem_mb"] = mem.get("infer_mb")
         row["mem_ratio"] = (mem["train_mb"] / base_mem["train_mb"]

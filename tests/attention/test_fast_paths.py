@@ -203,6 +203,27 @@ def test_plan_by_length_and_structure() -> None:
     assert plan(q, [Toeplitz(torch.zeros(h, 8191), window=1500)], False) == "flash_bias"
 
 
+def test_term_methods() -> None:
+    """What the fast path asks of a term structure, answered by the structure itself."""
+    h, n = 2, 6
+    same = rand(1, h, n, 3, grad=False).expand(4, h, n, 3)
+    varied = rand(4, h, n, 3, grad=False)
+    table = rand(h, 2 * n - 1, grad=False)
+    q = rand(4, h, n, 3, grad=False)
+    relative = QueryRelative(q, rand(5, 3, grad=False), 2, 0.5)
+    bias = rand(4, h, n, n, grad=False)
+    assert LowRank(same, same).position_only() and not LowRank(same, varied).position_only()
+    assert Toeplitz(table).position_only() and not relative.position_only()
+    assert Dense(bias[:1].expand(4, h, n, n)).position_only() and not Dense(bias).position_only()
+    assert LowRank(same, same).first_row().u.shape[0] == 1 and Dense(bias).first_row().bias.shape[0] == 1
+    assert [t.constant_beyond() for t in (Toeplitz(table), Toeplitz(table, window=3), relative, Dense(bias))] \
+        == [None, 3, 2, None]
+    assert LowRank(same, varied).tensors()[1] is varied and relative.tensors() == [q, relative.weight]
+    assert_close(relative.bias(n), relative.dense(n), "gathered query-relative bias")
+    key = QueryRelative(q, rand(h, 5, 3, grad=False), 2, 0.5, key_side=True)
+    assert_close(key.bias(n), key.dense(n), "gathered key-relative bias")
+
+
 # -- every mechanism through a model -------------------------------------------------------------
 N = 40
 SPECS: list[Any] = [

@@ -85,3 +85,71 @@ def test_targets_and_specs() -> None:
 def test_bad_mechanism_is_a_clear_error(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["bench", *TINY, "-m", "nope"]) == 2
     assert "unknown mechanism 'nope'" in capsys.readouterr().err
+
+
+def test_batch_grid_rows_and_ranges(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rows = run_cli(tmp_path, "-m", "fixed_conv", "-n", "32", "--batch", "2", "3", "--kinds", "layer",
+                   "--no-memory", "--repeats", "2")
+    assert {(r["mechanism"], r["batch"]) for r in rows} == {(m, b) for m in ("sdpa", "fixed_conv") for b in (2, 3)}
+    for r in rows:
+        lo, hi = r["train_ratio_range"]
+        assert 0 < lo <= hi and len(r["train_runs_ms"]) == 2
+    assert "batch" in capsys.readouterr().out
+
+
+def test_grid_targets_lines() -> None:
+    from posattn.bench.report import grid_targets
+
+    rows = [{"mechanism": "t5", "kind": "layer", "n": 128, "batch": 16, "train_ratio": 1.05, "infer_ratio": 1.2},
+            {"mechanism": "cat", "kind": "layer", "n": 512, "batch": 64, "train_ratio": 1.3, "causal": True},
+            {"mechanism": "t5", "kind": "layer", "n": 4096, "batch": 1, "train_ratio": 3.0},
+            {"mechanism": "posattn_encoder", "kind": "model", "n": 128, "batch": 32, "speed_vs_hf_bert": 0.9}]
+    lines = grid_targets(rows)
+    assert any("train ×1.05 ≤ 1.1" in x and "t5: met" in x for x in lines)
+    assert any("infer ×1.20 ≤ 1.05" in x and "MISSED" in x for x in lines)
+    assert any("causal" in x and "cat: MISSED" in x for x in lines)
+    assert not any("4096" in x for x in lines)
+    assert any("hf_bert = 0.90" in x and "MISSED" in x for x in lines)
+
+
+def test_models_against_hugging_face(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("transformers")
+    rows = run_cli(tmp_path, "--models", "-n", "16", "--batch", "2", "--no-memory", "-m", "t5")
+    names = {r["mechanism"] for r in rows}
+    assert {"posattn_encoder", "posattn_decoder", "hf_bert", "hf_gpt_neox", "hf_llama"} <= names
+    assert {"posattn_encoder(t5)", "posattn_decoder(t5)"} <= names
+    enc = next(r for r in rows if r["mechanism"] == "posattn_encoder")
+    assert enc["tokens_per_s"] > 0 and enc["speed_vs_hf_bert"] > 0 and enc["dropout"] == 0.1
+    dec = next(r for r in rows if r["mechanism"] == "posattn_decoder(t5)")
+    assert dec["speed_vs_hf_gpt_neox"] > 0 and "speed_vs_hf_bert" not in dec
+    assert "speed ÷ BERT" in capsys.readouterr().out
+
+
+def test_models_are_the_same_shape() -> None:
+    """The posattn models and their Hugging Face peers have the same parameter count up to
+    the architecture's stated differences (BERT: token types, embedding LayerNorm; Llama:
+    a third MLP matrix and no biases)."""
+    pytest.importorskip("transformers")
+    from posattn.bench.models import _hf, _posattn
+
+    sizes = Sizes(heads=2, head_dim=8, vocab=50, layers=2, d_ff=32, max_len=16)
+    count = {name: sum(p.numel() for p in model.parameters())
+             for name, model in [("enc", _posattn("posattn_encoder", ["absolute"], sizes, 16)[0]),
+                                 ("dec", _posattn("posattn_decoder", ["rope"], sizes, 16)[0]),
+                                 *[(hf, _hf(hf, sizes, 16)[0]) for hf in ("hf_bert", "hf_gpt_neox")]]}
+    d = sizes.d_model
+    assert count["hf_bert"] - count["enc"] == 2 * d  # token types (2 × d) + embedding LN (2d) − final LN (2d)
+    assert count["hf_gpt_neox"] == count["dec"]
+
+
+def test_relative_key_query_peer_skips_under_transformers_5(capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("transformers")
+    from importlib.metadata import version
+
+    from posattn.bench.peers import available, skipped
+
+    if int(version("transformers").split(".")[0]) < 5:
+        assert "hf_bert_relative_key_query" in available()
+        return
+    assert "hf_bert_relative_key_query" not in available()
+    assert "needs transformers < 5" in skipped()["hf_bert_relative_key_query"]
