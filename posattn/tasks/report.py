@@ -17,19 +17,28 @@ def _selected(results: list[dict], label: str, d_model: int, train_length: int) 
             and r["d_model"] == d_model and r["train_length"] == train_length]
 
 
+def _accuracies(cells: list[dict], length: int) -> list[float]:
+    return [v for v in (r["accuracy"].get(str(length)) for r in cells) if v is not None]
+
+
 def mean_accuracy(results: list[dict], label: str, d_model: int, train_length: int, length: int) -> float | None:
     """Mean test accuracy over seeds of the selected cells; ``None`` where the model could not run."""
-    values = [r["accuracy"].get(str(length)) for r in _selected(results, label, d_model, train_length)]
-    values = [v for v in values if v is not None]
+    values = _accuracies(_selected(results, label, d_model, train_length), length)
     return statistics.fmean(values) if values else None
+
+
+def _mean_std(cells: list[dict], length: int) -> str:
+    """``mean ± std`` of the test accuracy over seeds (sample std; the mean alone for one seed)."""
+    values = _accuracies(cells, length)
+    if not values:
+        return "n/a"
+    if len(values) == 1:
+        return f"{values[0]:.3f}"
+    return f"{statistics.fmean(values):.3f} ± {statistics.stdev(values):.3f}"
 
 
 def _labels(sweep: Sweep) -> list[str]:
     return [m["label"] for m in sweep.config["models"]]
-
-
-def _fmt(value: float | None) -> str:
-    return "n/a" if value is None else f"{value:.3f}"
 
 
 def _table(header: list[str], rows: list[list[str]]) -> list[str]:
@@ -47,7 +56,7 @@ def write_report(sweep: Sweep, results: list[dict], out: Path) -> Path:
              f"{cfg['examples']['test']} test examples per length (test examples also in the training set are dropped). "
              f"Up to {tr['steps']} steps of batch {tr['batch_size']}, AdamW lr {'/'.join(f'{v:g}' for v in tr['lr'])} "
              f"(best by validation accuracy), warmup {tr['warmup']} + cosine, early stop at validation accuracy "
-             f"{tr['target_accuracy']}; seeds {cfg['seeds']} (mean shown). Accuracy = fraction of scored tokens "
+             f"{tr['target_accuracy']}; seeds {cfg['seeds']} (mean ± sample std over seeds). Accuracy = fraction of scored tokens "
              f"predicted exactly. `n/a` = the model cannot run that length (reasons below).", ""]
     reasons: dict[str, str] = {}
     for n in cfg["train_length"]:
@@ -67,10 +76,17 @@ def write_report(sweep: Sweep, results: list[dict], out: Path) -> Path:
                 rows.append([label, f"{cells[0]['parameters']:,}", f"{cells[0]['lr']:g}",
                              "/".join(str(r["steps"]) for r in cells),
                              f"{statistics.fmean(r['train_seconds'] for r in cells):.0f}",
-                             *(_fmt(mean_accuracy(results, label, d, n, m)) for m in lengths)])
+                             *(_mean_std(cells, m) for m in lengths)])
             lines += _table(header, rows)
+            if len(tr["lr"]) > 1:
+                lines += [f"Learning-rate sweep: accuracy at length {n} (mean ± std over seeds) per lr; "
+                          f"the row above uses the lr with the best mean validation accuracy.", ""]
+                grid = [[label, *(_mean_std([r for r in results if r["label"] == label and r["d_model"] == d
+                                             and r["train_length"] == n and r["lr"] == lr], n)
+                                  for lr in tr["lr"])] for label in _labels(sweep)]
+                lines += _table(["model", *(f"lr {lr:g}" for lr in tr["lr"])], grid)
         lines += [f"## Accuracy vs width (trained and tested at {n})", ""]
-        rows = [[label, *(_fmt(mean_accuracy(results, label, d, n, n)) for d in cfg["d_model"])]
+        rows = [[label, *(_mean_std(_selected(results, label, d, n), n) for d in cfg["d_model"])]
                 for label in _labels(sweep)]
         lines += _table(["model", *(f"d={d}" for d in cfg["d_model"])], rows)
     if reasons:

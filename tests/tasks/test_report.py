@@ -1,0 +1,29 @@
+"""report.md: mean ± std over seeds of the selected learning rate, and the learning-rate grid."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from posattn.tasks.report import write_report
+
+
+def cell(label, lr, seed, acc, selected):
+    return {"label": label, "d_model": 32, "train_length": 16, "lr": lr, "seed": seed, "parameters": 100,
+            "steps": 10, "train_seconds": 1.0, "accuracy": {"16": acc, "32": acc / 2}, "not_applicable": {},
+            "selected": selected}
+
+
+def test_report_shows_mean_std_over_seeds_and_the_lr_grid(tmp_path):
+    config = {"task": "mqar", "task_params": {}, "vocab_size": 16, "train_length": [16], "d_model": [32],
+              "seeds": [0, 1], "examples": {"train": 1, "valid": 1, "test": 1},
+              "models": [{"label": "cat (1L)"}, {"label": "rope (2L)"}],
+              "training": {"steps": 10, "batch_size": 4, "lr": [1e-3, 1e-2], "warmup": 0.1, "target_accuracy": 0.99}}
+    results = [cell("cat (1L)", 1e-3, 0, 0.5, False), cell("cat (1L)", 1e-3, 1, 0.7, False),
+               cell("cat (1L)", 1e-2, 0, 0.9, True), cell("cat (1L)", 1e-2, 1, 1.0, True),
+               cell("rope (2L)", 1e-3, 0, 0.2, True), cell("rope (2L)", 1e-2, 0, 0.1, False)]
+    sweep = SimpleNamespace(name="t", config=config, test_lengths={16: [16, 32]})
+    report = write_report(sweep, results, tmp_path).read_text()
+    assert "| cat (1L) | 100 | 0.01 | 10/10 | 1 | 0.950 ± 0.071 | 0.475 ± 0.035 |" in report
+    assert "| rope (2L) | 100 | 0.001 | 10 | 1 | 0.200 | 0.100 |" in report  # one seed: no std
+    assert "| model | lr 0.001 | lr 0.01 |" in report
+    assert "| cat (1L) | 0.600 ± 0.141 | 0.950 ± 0.071 |" in report
+    assert "| model | d=32 |" in report and "| cat (1L) | 0.950 ± 0.071 |" in report
