@@ -1,0 +1,313 @@
+"""Fine-tuning one pretrained encoder on one task with one seed (a *cell*), resumably.
+
+The loop follows Chang et al. 2021, Table 5: AdamW (β = 0.9/0.999, ε = 1e-6), learning rate
+warmed up linearly over the first 10% of steps then decayed linearly to 0, dropout 0.1, a fresh
+[CLS] pooler + classifier on the pretrained encoder (cross-entropy; mean squared error with one
+output for regression). The validation split is scored ``evals_per_epoch`` times per epoch; the
+best-scoring weights are kept (early stopping: with ``patience`` the run also stops after that
+many evaluations without improvement) and scored on the test set(s).
+
+Like :func:`posattn.tasks.train.train`, the batch order depends on the seed and the step alone,
+and a checkpoint (model, optimizer, RNG state, best weights, history) is written atomically at
+every evaluation, so a resumed run ends with the same weights as an uninterrupted one.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import time
+from dataclasses import asdict, dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors.torch import load_file
+from torch import nn
+from tqdm.auto import tqdm
+
+from ..errors import PositionError
+from ..models import build_model, save
+from ..models.io import CONFIG, WEIGHTS, read_config
+from ..models.transformer import Encoder
+from ..tasks.compare import _write_json
+from ..tasks.train import CHECKPOINT, _batch_indices, _save, resolve_device
+from ..text.tokenizer import FILENAME as TOKENIZER, load_tokenizer
+from . import metrics
+from .batches import Encoded, encode_examples, eval_batches, padded_tokens
+from .glue import load_glue
+from .offline import load_offline
+from .tasks import GLUE, TASKS, Task, TaskData, TaskError
+
+MODEL_DIR = "model"
+
+
+@dataclass(frozen=True)
+class FinetuneConfig:
+    """Optimisation settings of one fine-tuning run (defaults: Chang Table 5, 'otherwise' column)."""
+
+    lr: float = 3e-4
+    batch_size: int = 32
+    epochs: float = 3
+    warmup: float = 0.1
+    weight_decay: float = 0.0
+    adam_eps: float = 1e-6
+    dropout: float = 0.1
+    grad_clip: float = 1.0
+    evals_per_epoch: int = 1
+    patience: int | None = None
+    eval_batch_size: int = 128
+    seed: int = 0
+
+    def total_steps(self, n: int) -> int:
+        return max(1, math.ceil(self.epochs * n / self.batch_size))
+
+    def eval_every(self, n: int) -> int:
+        return max(1, math.ceil(n / self.batch_size / self.evals_per_epoch))
+
+    def lr_at(self, step: int, total: int) -> float:
+        """Learning rate of optimizer step ``step`` (0-based): linear warmup, then linear decay to 0."""
+        warm = int(self.warmup * total)
+        if step < warm:
+            return self.lr * (step + 1) / warm
+        return self.lr * max(0.0, (total - step) / max(1, total - warm))
+
+
+def find_checkpoint(path: str | Path) -> Path:
+    """The model folder of ``path``: a folder with config.json, or a ``posattn pretrain`` run folder (``model/``)."""
+    path = Path(path)
+    for folder in (path, path / MODEL_DIR):
+        if (folder / CONFIG).is_file():
+            return folder
+    raise PositionError(f"{path}: not a posattn checkpoint (no {CONFIG} here or in {path / MODEL_DIR})")
+
+
+def fingerprint(folder: Path) -> str:
+    """SHA-1 of a checkpoint's config and weights: cells are keyed by content, not by path."""
+    h = hashlib.sha1()
+    for name in (CONFIG, WEIGHTS):
+        with (folder / name).open("rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                h.update(block)
+    return h.hexdigest()[:16]
+
+
+def tokenizer_path(folder: Path) -> Path:
+    """``tokenizer.json`` beside the weights, or in the run folder above them."""
+    for candidate in (folder / TOKENIZER, folder.parent / TOKENIZER):
+        if candidate.is_file():
+            return candidate
+    raise PositionError(f"{folder}: no {TOKENIZER} in this folder or its parent; fine-tuning needs the "
+                        f"tokenizer the model was pretrained with")
+
+
+def check_encoder(folder: Path) -> dict[str, Any]:
+    """The checkpoint's config; PositionError unless it is an encoder (the only classification-capable kind)."""
+    cfg = read_config(folder)
+    if cfg.get("kind") != "encoder":
+        raise PositionError(f"{folder}: a {cfg.get('kind')!r} checkpoint is not classification-capable; "
+                            f"fine-tuning needs an encoder ([CLS] pooling, segment ids)")
+    if not (folder / WEIGHTS).is_file():
+        raise PositionError(f"{folder}: no {WEIGHTS}")
+    return cfg
+
+
+def build_classifier(folder: Path, task: Task, dropout: float, init: Path | None = None) -> Encoder:
+    """The pretrained encoder of ``folder`` with a fresh pooler and classifier for ``task``.
+
+    ``init``: a fine-tuned model folder whose encoder (and pooler) start this one instead
+    (intermediate-task training); its classifier is never reused."""
+    cfg = check_encoder(folder)
+    model = build_model({**cfg, "n_classes": task.n_outputs, "dropout": dropout})
+    weights = {k: v for k, v in load_file(str((init or folder) / WEIGHTS)).items() if not k.startswith("classifier.")}
+    own = model.state_dict()
+    mismatched = [k for k, v in weights.items() if k in own and own[k].shape != v.shape]
+    missing, unexpected = model.load_state_dict({k: v for k, v in weights.items() if k not in mismatched}, strict=False)
+    loaded = {own[k].data_ptr() for k in weights if k in own}        # shared tensors are stored once
+    missing = [k for k in missing if own[k].data_ptr() not in loaded and not k.startswith(("pooler.", "classifier."))]
+    if missing or unexpected or mismatched:
+        raise PositionError(f"{init or folder}: weights do not match {folder / CONFIG} (missing {missing[:3]}, "
+                            f"unexpected {unexpected[:3]}, wrong shape {mismatched[:3]})")
+    return model  # type: ignore[return-value]
+
+
+def loss_fn(task: Task, out: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    if task.regression:
+        return nn.functional.mse_loss(out[:, 0].float(), labels)
+    return nn.functional.cross_entropy(out.float(), labels)
+
+
+@torch.no_grad()
+def predict(model: Encoder, task: Task, data: Encoded, batch_size: int, sort: bool = True) -> np.ndarray:
+    """Predictions (class ids, or scores for regression) of every example, batches sorted by length."""
+    device = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    out = np.zeros(len(data), dtype=np.float64 if task.regression else np.int64)
+    for index in eval_batches(data.lengths(), batch_size, sort):
+        ids, seg, mask, _ = data.batch(index, device)
+        logits = model.classify(model(ids, seg, mask))
+        out[index] = (logits[:, 0] if task.regression else logits.argmax(-1)).cpu().numpy()
+    model.train(was_training)
+    return out
+
+
+def score(model: Encoder, task: Task, data: Encoded, batch_size: int) -> dict[str, float]:
+    """The task's metrics and score on ``data``."""
+    return metrics.compute(task.metrics, predict(model, task, data, batch_size), data.labels.numpy())
+
+
+def baseline(task: Task, train: Encoded, test: Encoded) -> dict[str, float]:
+    """Scores of a constant prediction: the majority training class (regression: the training mean)."""
+    guess = float(train.labels.mean()) if task.regression else int(train.labels.bincount().argmax())
+    return metrics.compute(task.metrics, np.full(len(test), guess), test.labels.numpy())
+
+
+def finetune(model: Encoder, task: Task, train: Encoded, valid: Encoded, cfg: FinetuneConfig, *,
+             checkpoint_dir: Path | None = None, device: str | torch.device = "auto", progress: bool = True,
+             description: str = "finetune") -> dict[str, Any]:
+    """Fine-tune ``model`` on ``train``, keep the weights that score best on ``valid``; resumable."""
+    device = resolve_device(device)
+    model.to(device).train()
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
+                                   {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr, eps=cfg.adam_eps)
+    total, every = cfg.total_steps(len(train)), cfg.eval_every(len(train))
+    path = checkpoint_dir / CHECKPOINT if checkpoint_dir is not None else None
+    state: dict[str, Any] = {"step": 0, "history": [], "done": False, "best": None, "best_score": -math.inf,
+                             "best_step": 0, "bad": 0}
+    torch.manual_seed(cfg.seed)
+    if path is not None and path.exists():
+        saved = torch.load(path, map_location="cpu", weights_only=False)
+        if saved["config"] != asdict(cfg):
+            raise PositionError(f"checkpoint {path} was written with a different training config; "
+                                f"delete it or use another folder")
+        model.load_state_dict(saved["model"])
+        optimizer.load_state_dict(saved["optimizer"])
+        torch.set_rng_state(saved["rng"])
+        state = saved["state"]
+    bar = tqdm(total=total, initial=state["step"], desc=description, disable=not progress or state["done"],
+               leave=False, dynamic_ncols=True)
+    loss_value = None
+    while not state["done"]:
+        step = state["step"]
+        ids, seg, mask, labels = train.batch(_batch_indices(len(train), cfg.batch_size, step, cfg.seed), device)
+        for group in optimizer.param_groups:
+            group["lr"] = cfg.lr_at(step, total)
+        loss = loss_fn(task, model.classify(model(ids, seg, mask)), labels)
+        if not torch.isfinite(loss):
+            raise FloatingPointError(f"loss became {loss.item()} at step {step}; lower the learning rate")
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        if cfg.grad_clip > 0:
+            nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        optimizer.step()
+        state["step"] = step = step + 1
+        loss_value = loss.item()
+        bar.update(1)
+        if step % every and step < total:
+            continue
+        valid_score = score(model, task, valid, cfg.eval_batch_size)["score"]
+        state["history"].append({"step": step, "loss": loss_value, "valid_score": valid_score})
+        if valid_score > state["best_score"]:
+            state.update(best={k: v.detach().cpu().clone() for k, v in model.state_dict().items()},
+                         best_score=valid_score, best_step=step, bad=0)
+        else:
+            state["bad"] += 1
+        state["done"] = step >= total or (cfg.patience is not None and state["bad"] >= cfg.patience)
+        bar.set_postfix(loss=round(loss_value, 4), valid=round(valid_score, 4))
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            _save(path, {"config": asdict(cfg), "model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                         "rng": torch.get_rng_state(), "state": state})
+    bar.close()
+    model.load_state_dict(state["best"])
+    return {"steps": state["step"], "total_steps": total, "stopped_early": state["step"] < total,
+            "best_step": state["best_step"], "valid_score": state["best_score"], "history": state["history"]}
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One fine-tuning run: a checkpoint, a task, a seed and everything else that determines its result."""
+
+    label: str
+    checkpoint: str
+    fingerprint: str
+    task: str
+    seed: int
+    training: dict[str, Any]
+    max_train: int | None
+    max_eval: int | None
+    max_seq_len: int
+    glue_dir: str | None
+    init_from: str | None = None          # id of the intermediate-task cell whose model starts this one
+
+    @property
+    def id(self) -> str:
+        """Stable short hash of what determines the result (the checkpoint by content, not path)."""
+        key = {k: v for k, v in asdict(self).items() if k not in ("label", "checkpoint")}
+        return hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
+
+
+@lru_cache(maxsize=32)
+def task_data(task: str, glue_dir: str | None, max_train: int | None, max_eval: int | None) -> TaskData:
+    """A task's splits (cached: every checkpoint and seed of a sweep shares them)."""
+    if task in GLUE:
+        if glue_dir is None:
+            raise TaskError(f"task {task} is a GLUE task: give --glue-dir (the folder of the official download)")
+        return load_glue(task, glue_dir, max_train, max_eval)
+    return load_offline(task, max_train, max_eval)
+
+
+@lru_cache(maxsize=64)
+def encoded(tokenizer: str, task: str, glue_dir: str | None, max_train: int | None, max_eval: int | None,
+            max_len: int) -> dict[str, Encoded]:
+    """Every split of a task tokenised with one tokenizer (cached per process)."""
+    data, tok = task_data(task, glue_dir, max_train, max_eval), load_tokenizer(tokenizer)
+    sets = {"train": data.train, "valid": data.valid, **{f"test:{k}": v for k, v in data.test.items()}}
+    return {k: encode_examples(tok, data.task, v, max_len) for k, v in sets.items()}
+
+
+def run_cell(cell: Cell, out: Path, device: str = "auto", progress: bool = True, keep_model: bool = False) -> dict:
+    """Fine-tune (or resume) one cell and score it; a finished cell's result is read back, never re-run.
+
+    ``keep_model``: also save the fine-tuned model (an intermediate task's model starts other cells)."""
+    folder = out / "cells" / cell.id
+    result_path, model_dir = folder / "result.json", folder / MODEL_DIR
+    if result_path.exists() and (not keep_model or (model_dir / WEIGHTS).exists()):
+        return json.loads(result_path.read_text())
+    task, checkpoint = TASKS[cell.task], Path(cell.checkpoint)
+    data = task_data(cell.task, cell.glue_dir, cell.max_train, cell.max_eval)
+    sets = encoded(str(tokenizer_path(checkpoint)), cell.task, cell.glue_dir, cell.max_train, cell.max_eval,
+                   cell.max_seq_len)
+    cfg = FinetuneConfig(**cell.training)
+    init = out / "cells" / cell.init_from / MODEL_DIR if cell.init_from else None
+    torch.manual_seed(cfg.seed)
+    model = build_classifier(checkpoint, task, cfg.dropout, init)
+    folder.mkdir(parents=True, exist_ok=True)
+    start, cpu = time.perf_counter(), time.process_time()
+    result: dict[str, Any] = {"id": cell.id, **asdict(cell), "parameters": sum(p.numel() for p in model.parameters()),
+                              "sizes": data.sizes(), "notes": list(data.notes),
+                              "truncated": {k: v.truncated for k, v in sets.items()}}
+    try:
+        outcome = finetune(model, task, sets["train"], sets["valid"], cfg, checkpoint_dir=folder, device=device,
+                           progress=progress, description=f"{cell.label} {cell.task} seed {cell.seed}")
+    except FloatingPointError as e:
+        result.update(diverged=str(e), scores=None)
+    else:
+        tests = {k.removeprefix("test:"): v for k, v in sets.items() if k.startswith("test:")}
+        result.update(outcome, scores={k: score(model, task, v, cfg.eval_batch_size) for k, v in tests.items()},
+                      baseline={k: baseline(task, sets["train"], v) for k, v in tests.items()},
+                      eval_tokens={k: {"sorted": padded_tokens(v.lengths(), eval_batches(v.lengths(), cfg.eval_batch_size)),
+                                       "unsorted": padded_tokens(v.lengths(), eval_batches(v.lengths(), cfg.eval_batch_size, False)),
+                                       "real": sum(v.lengths())} for k, v in tests.items()})
+    result["train_seconds"] = round(time.perf_counter() - start, 2)
+    result["cpu_seconds"] = round(time.process_time() - cpu, 2)     # = wall time on an idle core, single-threaded
+    if keep_model and "diverged" not in result:
+        save(model, model_dir)
+    _write_json(result_path, result)
+    (folder / CHECKPOINT).unlink(missing_ok=True)
+    return result
