@@ -57,14 +57,15 @@ class Policy:
     flash_chunk: int = 1024  # query rows per fused flash call (flash_bias)
     grad_chunk: int = 256  # query rows per explicit backward step (flash_bias)
     width_multiple: int = 8  # folded q/k/v widths are zero-padded to a multiple of this
-    low_rank_dense_min: int = 16  # inference: a cached dense low-rank bias beats a fold this wide
-    dense_cache_bytes: int = 1 << 26  # ... while the [h, n, n] bias is at most this big
+    low_rank_dense_min: int = 16  # a dense low-rank bias u·vᵀ beats a fold this wide: at inference
+    dense_cache_bytes: int = 1 << 26  # ... cached, while the [h, n, n] bias is at most this big;
+    low_rank_dense_max_n: int = 256  # ... in training, up to this length
     use_flex: bool = True  # CUDA: FlexAttention when torch provides it
     force: Path | None = None  # tests and benchmarks: take this path whenever it applies
 
 
 CPU_POLICY = Policy()
-OTHER_POLICY = Policy(dense_max_n=1 << 30)
+OTHER_POLICY = Policy(dense_max_n=1 << 30, low_rank_dense_max_n=0)
 _OVERRIDE: list[Policy] = []
 
 
@@ -147,7 +148,7 @@ def plan(q: Tensor, terms: list[Term], causal: bool, dropout: float = 0.0, train
     if training and dropout > 0:
         return "dense" if terms else "sdpa"
     if not rest:
-        if low and _dense_low_rank(q, low, policy):
+        if low and _low_rank_as_bias(q, low, policy):
             return "dense"
         return "sdpa"
     if q.device.type == "cuda" and policy.use_flex and _flex_available():
@@ -169,13 +170,16 @@ def plan(q: Tensor, terms: list[Term], causal: bool, dropout: float = 0.0, train
     return "flash_bias"
 
 
-def _dense_low_rank(q: Tensor, low: list[LowRank], policy: Policy) -> bool:
-    """Inference with wide position-only low-rank terms: a cached dense bias beats the fold."""
-    if _needs_grad(_term_tensors(list(low))) or not _position_only(list(low)):
-        return False
+def _low_rank_as_bias(q: Tensor, low: list[LowRank], policy: Policy) -> bool:
+    """Wide low-rank terms (rank ≥ ``low_rank_dense_min``): a dense u·vᵀ bias beats folding
+    them into q/k (which widens every head of the fused kernel, v included). At inference when
+    position-only (then cached); in training up to ``low_rank_dense_max_n``."""
     n, h = q.shape[-2], q.shape[1]
-    rank = sum(t.u.shape[-1] for t in low)
-    return rank >= policy.low_rank_dense_min and h * n * n * q.element_size() <= policy.dense_cache_bytes
+    if sum(t.u.shape[-1] for t in low) < policy.low_rank_dense_min:
+        return False
+    if _needs_grad(_term_tensors(list(low))):
+        return n <= policy.low_rank_dense_max_n
+    return _position_only(list(low)) and h * n * n * q.element_size() <= policy.dense_cache_bytes
 
 
 def _resolve(terms: list[Term], causal: bool) -> list[Term]:
@@ -239,24 +243,33 @@ def _sdpa(q: Tensor, k: Tensor, v: Tensor, low: list[LowRank], keep: Tensor | No
 def _dense(q: Tensor, k: Tensor, v: Tensor, low: list[LowRank], rest: list[Term], keep: Tensor | None,
            causal: bool, scale: float, p: float, policy: Policy) -> Tensor:
     """One bias into SDPA; cached across layers and batches when it is position-only and needs
-    no gradient. Low-rank terms fold, unless they are part of such a cached bias."""
+    no gradient. Low-rank terms fold, unless they are part of such a cached bias or wide
+    (:func:`_low_rank_as_bias`)."""
     n, d_v = q.shape[-2], v.shape[-1]
     dense_terms: list[Term] = list(rest)
     cache = not _needs_grad(_term_tensors(low + rest)) and _position_only(low + rest)
     if cache:
         dense_terms = [t.first_row() for t in dense_terms + low]
         low = []
+    elif low and _low_rank_as_bias(q, low, policy):
+        dense_terms += low
+        low = []
     if low:
         q, k, v = fold_low_rank(q, k, v, low, scale, policy.width_multiple)
         scale = 1.0
     parts = _term_tensors(dense_terms)
+    bias: Tensor | None = None
     if cache:
         bias = POSITION_CACHE.get(n, parts, lambda: _dense_bias(dense_terms, n).to(q.dtype))
-    else:
+    elif dense_terms:
         bias = _dense_bias(dense_terms, n).to(q.dtype)
     ok = allowed_mask(n, keep, causal, q.device)
     if ok is not None:
-        bias = bias.masked_fill(~ok, float("-inf"))
+        bias = (torch.zeros(ok.shape, dtype=q.dtype, device=q.device) if bias is None else bias).masked_fill(
+            ~ok, float("-inf"))
+    if bias is None:  # narrow low-rank terms only (dropout): folded, nothing to add
+        o = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=causal, scale=scale)
+        return o[..., :d_v]
     o = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=p, scale=scale)
     return o[..., :d_v]
 

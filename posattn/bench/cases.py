@@ -42,6 +42,8 @@ class Sizes:
     layers: int = 1  # blocks (layer cases: 1; model cases: 12)
     d_ff: int | None = None  # None: 4·d_model
     dropout: float = 0.0  # every dropout of the model (training steps)
+    device: str = "cpu"
+    dtype: str = "float32"  # "bfloat16" / "float16": model and inputs in that precision
 
     @property
     def d_model(self) -> int:
@@ -50,6 +52,10 @@ class Sizes:
     @property
     def ff(self) -> int:
         return 4 * self.d_model if self.d_ff is None else self.d_ff
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return getattr(torch, self.dtype)
 
 
 @dataclass(frozen=True)
@@ -130,9 +136,9 @@ def layer_case(spec: CaseSpec, sizes: Sizes, record: bool = True) -> Case:
                       n_heads=sizes.heads, d_ff=sizes.ff, max_len=sizes.max_len, n_segments=2,
                       mechanisms=mechanisms, attn_path="fast", dropout=sizes.dropout)
     torch.manual_seed(0)
-    model = (Decoder if sizes.causal else Encoder)(cfg).eval()
+    model = (Decoder if sizes.causal else Encoder)(cfg).to(sizes.device, sizes.torch_dtype)
     g = torch.Generator().manual_seed(1)
-    ids = torch.randint(0, sizes.vocab, (sizes.batch, spec.n), generator=g)
+    ids = torch.randint(0, sizes.vocab, (sizes.batch, spec.n), generator=g).to(sizes.device)
     segments = torch.zeros_like(ids)
     segments[:, spec.n // 2:] = 1
 
@@ -142,10 +148,12 @@ def layer_case(spec: CaseSpec, sizes: Sizes, record: bool = True) -> Case:
         return model.hidden(ids, segments)
 
     def train() -> None:
+        model.train(sizes.dropout > 0)  # training mode only for dropout (it changes the attention path)
         model.zero_grad(set_to_none=True)
         _loss(forward()).backward()
 
     def infer() -> None:
+        model.eval()
         with torch.no_grad():
             forward()
 
@@ -155,8 +163,9 @@ def layer_case(spec: CaseSpec, sizes: Sizes, record: bool = True) -> Case:
 def op_case(spec: CaseSpec, sizes: Sizes, record: bool = True) -> Case | None:
     b, h, n, d = sizes.batch, sizes.heads, spec.n, sizes.head_dim
     g = torch.Generator().manual_seed(2)
-    q, k, v = (torch.randn(b, h, n, d, generator=g).requires_grad_() for _ in range(3))
-    x = torch.randn(b, n, sizes.d_model, generator=g).requires_grad_()
+    like = dict(device=sizes.device, dtype=sizes.torch_dtype)
+    q, k, v = (torch.randn(b, h, n, d, generator=g).to(**like).requires_grad_() for _ in range(3))
+    x = torch.randn(b, n, sizes.d_model, generator=g).to(**like).requires_grad_()
     if spec.name == BASELINE:
         def attention() -> torch.Tensor:
             return F.scaled_dot_product_attention(q, k, v, is_causal=sizes.causal)
@@ -168,8 +177,10 @@ def op_case(spec: CaseSpec, sizes: Sizes, record: bool = True) -> Case | None:
         mechs = built.layers[0]
         if not mechs:
             return None
-        positions = torch.arange(n).expand(b, n)
-        segments = torch.zeros(b, n, dtype=torch.long)
+        for m in mechs:
+            m.to(**like)
+        positions = torch.arange(n, device=sizes.device).expand(b, n)
+        segments = torch.zeros(b, n, dtype=torch.long, device=sizes.device)
         segments[:, n // 2:] = 1
 
         def attention() -> torch.Tensor:

@@ -5,6 +5,8 @@ import argparse
 import importlib.util
 from pathlib import Path
 
+import torch
+
 from ..errors import PositionError
 from ..mechanisms import get
 from .cases import Sizes, parse_mechanisms
@@ -38,6 +40,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--head-dim", type=int, default=64)
     p.add_argument("--causal", action="store_true", help="decoder (causal) instead of encoder")
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--device", default="cpu", help="cpu or cuda (CUDA: FlexAttention path, in-process memory)")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
+                   help="precision of models and inputs")
     p.add_argument("--repeats", type=int, help="interleaved rounds, medians reported (default 5)")
     p.add_argument("--warmup", type=int, help="untimed rounds first (default 1)")
     p.add_argument("--no-memory", action="store_true", help="skip the peak-memory child processes")
@@ -69,13 +74,17 @@ def options(args: argparse.Namespace) -> BenchOptions:
         for specs in mechs:
             for s in specs:
                 get(s if isinstance(s, str) else s.get("name", ""))
+    if args.device != "cpu" and not (args.device.startswith("cuda") and torch.cuda.is_available()):
+        raise PositionError(f"bench: --device {args.device} is not available (torch sees "
+                            f"{torch.cuda.device_count()} CUDA devices); use cpu")
     if args.models:
         return _model_options(args, quick, mechs)
     lengths = args.lengths or quick.get("lengths") or [256, 1024, 4096]
     if min(lengths) < 2:
         raise PositionError(f"bench: lengths must be >= 2, got {lengths}")
     sizes = Sizes(heads=quick.get("heads", args.heads), head_dim=quick.get("head_dim", args.head_dim),
-                  causal=args.causal, max_len=max(lengths), dropout=args.dropout or 0.0)
+                  causal=args.causal, max_len=max(lengths), dropout=args.dropout or 0.0,
+                  device=args.device, dtype=args.dtype)
     opts = BenchOptions(lengths=lengths, kinds=tuple(args.kinds), sizes=sizes, threads=args.threads,
                         batches=_batches(args.batch or [1]),
                         repeats=_first(args.repeats, quick.get("repeats"), 5),
@@ -101,7 +110,8 @@ def _model_options(args: argparse.Namespace, quick: dict, mechs: list | None) ->
     sizes = MODEL_SIZES
     if args.quick:
         sizes = Sizes(heads=2, head_dim=16, vocab=512, layers=2, d_ff=64, dropout=MODEL_SIZES.dropout)
-    sizes = Sizes(**{**sizes.__dict__, "dropout": sizes.dropout if args.dropout is None else args.dropout})
+    sizes = Sizes(**{**sizes.__dict__, "dropout": sizes.dropout if args.dropout is None else args.dropout,
+                     "device": args.device, "dtype": args.dtype})
     return BenchOptions(lengths=args.lengths or quick.get("lengths", MODEL_LENGTHS), kinds=("model",),
                         sizes=sizes, threads=args.threads, batches=_batches(args.batch or [MODEL_SIZES.batch]),
                         models=names + available, repeats=_first(args.repeats, quick.get("repeats"), 5),

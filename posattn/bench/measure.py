@@ -5,7 +5,8 @@ Peak memory on CPU: each length's cases run in one child process started with
 memory falls back after each step). Per case, after a warm-up inference pass, the child records
 its resident set (VmRSS), resets the high-water mark by writing ``5`` to ``/proc/self/clear_refs``,
 runs one step and reads ``VmHWM``: the peak extra memory of that step is VmHWM − VmRSS.
-Linux only; elsewhere the memory columns stay empty.
+Linux only; elsewhere the memory columns stay empty. On CUDA: in process, the peak of
+``torch.cuda.max_memory_allocated`` during the step above what was allocated before it.
 """
 from __future__ import annotations
 
@@ -24,9 +25,17 @@ import torch
 from .cases import Case, CaseSpec, Sizes, make_case
 
 
+def _sync() -> None:
+    """Wait for queued GPU work (CUDA kernels run asynchronously)."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+
+
 def _timed(fn: Callable[[], None]) -> float:
+    _sync()
     start = time.perf_counter()
     fn()
+    _sync()
     return time.perf_counter() - start
 
 
@@ -98,6 +107,8 @@ def child_main() -> None:
 def measure_memory(specs: list[CaseSpec], sizes: Sizes, threads: int,
                    timeout: float | None = None) -> dict[CaseSpec, dict[str, Any]]:
     """Peak training/inference memory (MB) per case, one child process for all of ``specs``."""
+    if sizes.device != "cpu":
+        return _cuda_memory(specs, sizes)
     if not memory_supported() or not specs:
         return {}
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536",
@@ -112,4 +123,29 @@ def measure_memory(specs: list[CaseSpec], sizes: Sizes, threads: int,
         out[CaseSpec(**row.pop("spec"))] = row
     if proc.returncode and not out:
         raise RuntimeError(f"memory child failed: {proc.stderr.strip()[-2000:]}")
+    return out
+
+
+def _cuda_peak(fn: Callable[[], None]) -> float:
+    _sync()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    fn()
+    _sync()
+    return (torch.cuda.max_memory_allocated() - base) / 2 ** 20
+
+
+def _cuda_memory(specs: list[CaseSpec], sizes: Sizes) -> dict[CaseSpec, dict[str, Any]]:
+    out: dict[CaseSpec, dict[str, Any]] = {}
+    for spec in specs:
+        try:
+            case = make_case(spec, sizes, record=False)
+            if case is None:
+                continue
+            case.infer()
+            out[spec] = {"train_mb": _cuda_peak(case.train), "infer_mb": _cuda_peak(case.infer)}
+        except Exception as e:  # reported, never fatal: one case may not fit
+            out[spec] = {"error": f"{type(e).__name__}: {e}"}
+        case = None
+        torch.cuda.empty_cache()
     return out

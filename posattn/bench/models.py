@@ -58,11 +58,10 @@ def _batch(sizes: Sizes, n: int, causal: bool) -> tuple[torch.Tensor, torch.Tens
     """Token ids and labels: next tokens (causal) or 15% masked positions (−100 elsewhere)."""
     g = torch.Generator().manual_seed(1)
     ids = torch.randint(0, sizes.vocab, (sizes.batch, n), generator=g)
-    if causal:
-        return ids, ids
     labels = ids.clone()
-    labels[torch.rand(ids.shape, generator=g) >= MASK_FRACTION] = -100
-    return ids, labels
+    if not causal:
+        labels[torch.rand(ids.shape, generator=g) >= MASK_FRACTION] = -100
+    return ids.to(sizes.device), labels.to(sizes.device)
 
 
 def _posattn(kind: str, mechanisms: list[Any], sizes: Sizes, n: int) -> tuple[torch.nn.Module, Loss]:
@@ -77,9 +76,9 @@ def _posattn(kind: str, mechanisms: list[Any], sizes: Sizes, n: int) -> tuple[to
     def loss() -> torch.Tensor:
         if causal:
             logits = model(ids)
-            return F.cross_entropy(logits[:, :-1].reshape(-1, sizes.vocab), labels[:, 1:].reshape(-1))
+            return F.cross_entropy(logits[:, :-1].reshape(-1, sizes.vocab).float(), labels[:, 1:].reshape(-1))
         logits = model.mlm_logits(model(ids))
-        return F.cross_entropy(logits.view(-1, sizes.vocab), labels.view(-1), ignore_index=-100)
+        return F.cross_entropy(logits.view(-1, sizes.vocab).float(), labels.view(-1), ignore_index=-100)
 
     return model, loss
 
@@ -120,6 +119,7 @@ def model_case(spec: CaseSpec, sizes: Sizes, record: bool = True) -> Case:
         model, loss = _hf(kind, sizes, spec.n)
     else:
         model, loss = _posattn(kind, mechanisms, sizes, spec.n)
+    model.to(sizes.device, sizes.torch_dtype)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
 
     def train() -> None:

@@ -88,7 +88,9 @@ def peer_case(spec: CaseSpec, sizes: Sizes) -> Case:
         "xt_alibi": lambda: _xt("alibi", sizes, spec.n),
     }
     model, forward = builders[spec.name]()
+    model.to(sizes.device, sizes.torch_dtype)
     ids = torch.randint(0, sizes.vocab, (sizes.batch, spec.n), generator=torch.Generator().manual_seed(1))
+    ids = ids.to(sizes.device)
 
     def train() -> None:
         model.zero_grad(set_to_none=True)

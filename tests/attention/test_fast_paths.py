@@ -173,6 +173,38 @@ def test_structures(name: str, causal: bool, pad: bool) -> None:
     compare(q, k, v, terms, [q, k, v, *params], keep, causal, Policy(**SMALL), expect)
 
 
+@pytest.mark.parametrize("pad", [False, True], ids=["nopad", "pad"])
+@pytest.mark.parametrize("causal", [False, True], ids=["enc", "dec"])
+def test_wide_low_rank_terms_as_dense_bias_in_training(causal: bool, pad: bool) -> None:
+    """Short inputs, rank ≥ low_rank_dense_min, gradients needed: one u·vᵀ bias, not a fold
+    (alone and next to other terms); narrow ones still fold."""
+    b, h, n, d = 2, 3, 45, 6
+    q, k, v = rand(b, h, n, d, seed=1), rand(b, h, n, d, seed=2), rand(b, h, n, d, seed=3)
+    u, w = rand(b, h, n, 20, seed=4), rand(1, h, n, 20, seed=5)
+    t3, p3 = toeplitz(h, n, 3, 6)
+    keep = keep_mask(b, n) if pad else None
+    policy = Policy(low_rank_dense_max_n=64)
+    compare(q, k, v, [LowRank(u, w)], [q, k, v, u, w], keep, causal, policy, "dense")
+    compare(q, k, v, [LowRank(u, w), t3], [q, k, v, u, w, p3], keep, causal, policy, "dense")
+    assert plan(q, [LowRank(u[..., :4], w[..., :4])], causal, policy=policy) == "sdpa"
+    assert plan(q, [LowRank(u, w)], causal, policy=Policy(low_rank_dense_max_n=32)) == "sdpa"
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["enc", "dec"])
+def test_dropout_with_narrow_low_rank_terms(causal: bool) -> None:
+    """Training with dropout takes the dense path; narrow low-rank terms alone fold into it."""
+    b, h, n, d = 2, 2, 20, 4
+    q, k, v = rand(b, h, n, d, seed=1), rand(b, h, n, d, seed=2), rand(b, h, n, d, seed=3)
+    low = [LowRank(rand(1, h, n, 2, seed=4), rand(1, h, n, 2, seed=5))]
+    assert plan(q, low, causal, 0.5, True) == "dense"
+    torch.manual_seed(0)
+    out = fast.attend(q, k, v, low, keep_mask(b, n), causal, 0.5, True)
+    assert out.shape == v.shape and torch.isfinite(out).all()
+    torch.manual_seed(0)
+    assert_close(fast.attend(q, k, v, low, keep_mask(b, n), causal, 0.0, True),
+                 reference.attend(q, k, v, low, keep_mask(b, n), causal), "no dropout")
+
+
 @pytest.mark.parametrize("causal", [False, True], ids=["enc", "dec"])
 def test_forced_dense_and_flash_bias_agree_for_windowed_terms(causal: bool) -> None:
     b, h, n, d = 1, 2, 40, 4
@@ -370,8 +402,11 @@ def test_low_rank_position_terms_cached_at_inference() -> None:
         m.hidden(ids)
         m.hidden(ids)
     assert POSITION_CACHE.misses == 1 and POSITION_CACHE.hits == 3
-    h = m.hidden(ids)  # with grad: folded, no cache
-    assert plan(q, [LowRank(low[0].u.requires_grad_(), low[0].v)], False) == "sdpa"
+    h = m.hidden(ids)  # with grad: a dense bias at this short length (folded when longer), no cache
+    assert POSITION_CACHE.misses == 1 and POSITION_CACHE.hits == 3
+    trainable = [LowRank(low[0].u.requires_grad_(), low[0].v)]
+    assert plan(q, trainable, False) == "dense"
+    assert plan(q, trainable, False, policy=Policy(low_rank_dense_max_n=16)) == "sdpa"
     assert h.requires_grad
 
 

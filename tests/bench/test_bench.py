@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from posattn.bench.cases import CaseSpec, Sizes, make_case, parse_mechanisms, spec_label
 from posattn.bench.measure import measure_memory, memory_supported
@@ -153,3 +154,12 @@ def test_relative_key_query_peer_skips_under_transformers_5(capsys: pytest.Captu
         return
     assert "hf_bert_relative_key_query" not in available()
     assert "needs transformers < 5" in skipped()["hf_bert_relative_key_query"]
+
+
+def test_dropout_grid_and_unavailable_device(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rows = run_cli(tmp_path, "-m", "t5", "-n", "32", "--kinds", "layer", "--no-memory", "--dropout", "0.1")
+    t5 = next(r for r in rows if r["mechanism"] == "t5")
+    assert t5["dropout"] == 0.1 and t5["path"].startswith("dense")  # dropout: one dense bias
+    if not torch.cuda.is_available():
+        assert main(["bench", *TINY, "--device", "cuda"]) == 2
+        assert "--device cuda is not available" in capsys.readouterr().err
