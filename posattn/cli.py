@@ -8,7 +8,7 @@ import sys
 
 from .errors import PositionError
 
-AREAS = ["posattn.tasks.cli", "posattn.train.cli", "posattn.bench.cli", "posattn.analysis.cli"]
+AREAS = ["posattn.tasks.cli", "posattn.train.cli", "posattn.bench.cli", "posattn.analysis.cli", "posattn.finetune.cli"]
 
 
 def mechanisms_command(args: argparse.Namespace) -> None:

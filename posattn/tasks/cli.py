@@ -25,15 +25,21 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("config", nargs="?", default=None,
                         help=f"YAML config file or built-in name ({', '.join(builtin_configs())}); default: default")
-    parser.add_argument("--out", default=None, help="output folder (default: runs/compare-<name>)")
-    parser.add_argument("--workers", type=int, default=1, help="cells trained in parallel processes (default 1)")
+    add_sweep_options(parser, "compare")
+    parser.set_defaults(func=run)
+    return parser
+
+
+def add_sweep_options(parser: argparse.ArgumentParser, command: str, workers: int = 1) -> None:
+    """The options every sweep command shares: --out, --workers, --threads, --device, --no-progress, --dump-config."""
+    parser.add_argument("--out", default=None, help=f"output folder (default: runs/{command}-<name>)")
+    parser.add_argument("--workers", type=int, default=workers,
+                        help=f"cells trained in parallel processes (default {workers})")
     parser.add_argument("--threads", type=int, default=1,
                         help="torch CPU threads per worker (default 1: tiny models run fastest single-threaded)")
     parser.add_argument("--device", default="auto", help="auto (CUDA if available), cpu, cuda or cuda:N")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     parser.add_argument("--dump-config", action="store_true", help="print the config's YAML and exit")
-    parser.set_defaults(func=run)
-    return parser
 
 
 def run(args: argparse.Namespace) -> None:

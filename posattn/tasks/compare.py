@@ -98,32 +98,35 @@ def schema_text() -> str:
     return SCHEMA.format(tasks=", ".join(TASKS), task_params=task_lines, mechanisms=mechanisms, training=training)
 
 
-def builtin_configs() -> list[str]:
-    """Names of the configs shipped in ``posattn/tasks/configs``."""
-    folder = resources.files("posattn.tasks") / "configs"
+def builtin_configs(package: str = "posattn.tasks") -> list[str]:
+    """Names of the configs shipped in ``<package>/configs`` (default: ``posattn/tasks/configs``)."""
+    folder = resources.files(package) / "configs"
     return sorted(p.name[:-5] for p in folder.iterdir() if p.name.endswith(".yaml"))
 
 
-def load_config(source: str | Path | dict | None = None) -> dict[str, Any]:
-    """A raw config from a YAML path, a built-in name (see :func:`builtin_configs`), a dict or ``None`` (default)."""
+def load_config(source: str | Path | dict | None = None, *, package: str = "posattn.tasks",
+                default: str = DEFAULT_CONFIG, error: type[PositionError] = ConfigError,
+                keys: tuple[str, ...] = TOP_KEYS) -> dict[str, Any]:
+    """A raw config from a YAML path, a built-in name of ``package`` (see :func:`builtin_configs`), a dict
+    or ``None`` (``default``); problems raise ``error`` (other sweeps pass their package, default and keys)."""
     if isinstance(source, dict):
         return dict(source)
-    name = DEFAULT_CONFIG if source is None else str(source)
+    name = default if source is None else str(source)
     path = Path(name)
     if path.is_file():
         text, stem = path.read_text(), path.stem
-    elif name.removesuffix(".yaml") in builtin_configs():
+    elif name.removesuffix(".yaml") in builtin_configs(package):
         stem = name.removesuffix(".yaml")
-        text = (resources.files("posattn.tasks") / "configs" / f"{stem}.yaml").read_text()
+        text = (resources.files(package) / "configs" / f"{stem}.yaml").read_text()
     else:
-        raise ConfigError(f"config {name!r} is neither a file nor a built-in config; "
-                          f"built-in configs: {', '.join(builtin_configs())}")
+        raise error(f"config {name!r} is neither a file nor a built-in config; "
+                    f"built-in configs: {', '.join(builtin_configs(package))}")
     try:
         raw = yaml.safe_load(text)
     except yaml.YAMLError as e:
-        raise ConfigError(f"config {name}: not valid YAML: {e}") from None
+        raise error(f"config {name}: not valid YAML: {e}") from None
     if not isinstance(raw, dict):
-        raise ConfigError(f"config {name}: the top level must be a mapping of keys ({', '.join(TOP_KEYS)})")
+        raise error(f"config {name}: the top level must be a mapping of keys ({', '.join(keys)})")
     raw.setdefault("name", stem)
     return raw
 

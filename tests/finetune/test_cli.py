@@ -1,0 +1,102 @@
+"""`posattn finetune` end to end on tiny checkpoints and GLUE files: report, resume, intermediate
+tasks, and one error listing every problem of a bad config."""
+import argparse
+import json
+
+import pytest
+
+from posattn import cli
+from posattn.finetune import suite as suite_mod
+from posattn.finetune.cli import register
+from posattn.finetune.suite import ConfigError, load_config, validate_config
+
+from .glue_files import write_glue
+from .helpers import make_checkpoint
+
+
+def finetune(*argv):
+    parser = argparse.ArgumentParser(prog="posattn")
+    register(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["finetune", *argv])
+    args.func(args)
+
+
+def test_registered_in_the_main_cli():
+    assert "posattn.finetune.cli" in cli.AREAS
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    root = tmp_path_factory.mktemp("ft")
+    write_glue(root / "glue", n=24)
+    a = make_checkpoint(root / "pretrain-abs", ["absolute"])
+    b = make_checkpoint(root / "pretrain-rel", ["fixed_conv"], seed=1)
+    return root, a, b
+
+
+def test_glue_sweep_with_intermediate_tasks_report_and_resume(setup, monkeypatch):
+    root, a, b = setup
+    out = root / "out"
+    finetune(str(a), str(b / "model"), "--tasks", "mnli", "rte", "stsb", "--seeds", "2", "--glue-dir",
+             str(root / "glue"), "--out", str(out), "--no-progress", "--workers", "1")
+    results = json.loads((out / "results.json").read_text())
+    cells = results["cells"]
+    assert len(cells) == 2 * 3 * 2 and {c["label"] for c in cells} == {"absolute", "fixed_conv"}
+    by_id = {c["id"]: c for c in cells}
+    for c in cells:
+        if c["task"] in ("rte", "stsb"):     # initialised from the MNLI model of the same checkpoint and seed
+            src = by_id[c["init_from"]]
+            assert (src["task"], src["seed"], src["label"]) == ("mnli", c["seed"], c["label"])
+        else:
+            assert c["init_from"] is None
+        assert c["sizes"]["train"] + c["sizes"]["valid"] == 24
+    assert set(cells[0]["scores"]) in ({"m", "mm"}, {"test"})
+    report = (out / "report.md").read_text()
+    for text in ("| model | params | MNLI-m | MNLI-mm | RTE | STS-B | Avg |", "Median over seeds", "± ",
+                 "initialised from the mnli model", "majority class", "sorted by length"):
+        assert text in report
+    assert (out / "scores.png").stat().st_size > 0 and (out / "suite_score.png").stat().st_size > 0
+
+    def never(*args, **kwargs):
+        raise AssertionError("a finished cell was trained again")
+
+    monkeypatch.setattr("posattn.finetune.run.finetune", never)
+    finetune(str(a), str(b), "--tasks", "mnli", "rte", "stsb", "--seeds", "2", "--glue-dir", str(root / "glue"),
+             "--out", str(out), "--no-progress", "--workers", "1")
+    assert json.loads((out / "results.json").read_text())["cells"] == cells
+
+
+def test_every_problem_of_a_config_in_one_error(setup, tmp_path):
+    root, a, _ = setup
+    dec = make_checkpoint(tmp_path / "dec", kind="decoder")
+    raw = {"checkpoints": [str(a), str(dec), str(tmp_path / "missing")], "tasks": ["rte", "nope"], "seeds": -1,
+           "training": {"lr": -1, "momentum": 0.9}, "max_seq_len": 512, "colour": "red"}
+    with pytest.raises(ConfigError) as err:
+        validate_config(raw)
+    msg = str(err.value)
+    for text in ("unknown key(s) colour", "unknown task 'nope'", "need glue_dir", "seeds must be",
+                 "unknown key(s) momentum", "lr = -1 is not valid", "'decoder' checkpoint is not classification-capable",
+                 "missing: not a posattn checkpoint", "absolute cannot go beyond them (not inductive)"):
+        assert text in msg, text
+
+
+def test_inductive_models_may_read_longer_inputs(setup):
+    root, _, b = setup
+    suite = validate_config({"checkpoints": [str(b)], "tasks": ["rte"], "glue_dir": str(root / "glue"),
+                             "max_seq_len": 256, "seeds": 1})
+    assert [c.max_seq_len for c in suite.cells] == [256]
+
+
+def test_default_config_is_the_offline_suite():
+    raw = load_config(None)
+    assert raw["name"] == "offline" and raw["tasks"] == ["offline"]
+    assert set(suite_mod.builtin_configs()) >= {"offline", "glue"}
+
+
+@pytest.mark.parametrize("name", suite_mod.builtin_configs())
+def test_builtin_configs_are_valid(setup, name):
+    root, a, _ = setup
+    raw = load_config(name)
+    raw.update(checkpoints=[str(a)], glue_dir=str(root / "glue"))
+    suite = validate_config(raw)
+    assert suite.cells and len({c.id for c in suite.cells}) == len(suite.cells)
