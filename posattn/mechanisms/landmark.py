@@ -85,7 +85,7 @@ class LandmarkCAT(CAT):
                  depthwise: bool = True, targets: str = "qkv", qk_norm: bool = False,
                  block_size: int | None = None, top_k: int = 1, selection: Selection = "hard") -> None:
         super().__init__(dims, shared, kernel_size, depthwise, targets, qk_norm)
-        self.block = block_size or default_block(dims.max_len)
+        self.block = default_block(dims.max_len) if block_size is None else block_size
         if self.block < 1 or top_k < 1:
             raise PositionError(f"landmark_cat: block_size and top_k must be >= 1, got "
                                 f"{self.block} and {top_k}")

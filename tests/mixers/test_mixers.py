@@ -67,6 +67,8 @@ def test_linformer_refuses_a_decoder_and_longer_inputs():
 def test_bad_options_and_inputs_are_clear():
     with pytest.raises(PositionError, match=r"^landmark_cat: unknown selection 'argmax'"):
         make([{"name": "landmark_cat", "selection": "argmax"}])
+    with pytest.raises(PositionError, match=r"^landmark_cat: block_size and top_k must be >= 1"):
+        make([{"name": "landmark_cat", "block_size": 0}])
     with pytest.raises(PositionError, match=r"^lincat: chunk must be >= 1"):
         make([{"name": "lincat", "chunk": 0}])
     with pytest.raises(PositionError, match=r"^convbert: head_ratio must be >= 1"):
