@@ -20,8 +20,14 @@ _COMPILED: dict[str, Callable[..., Tensor]] = {}
 
 def _flex() -> Callable[..., Tensor]:
     if "flex" not in _COMPILED:
+        import torch._dynamo
         from torch.nn.attention.flex_attention import flex_attention
 
+        # every score_mod, length and batch recompiles into one Dynamo cache: past the default
+        # limit (8) Dynamo silently falls back to eager, unfused flex attention
+        cfg = torch._dynamo.config
+        cfg.recompile_limit = max(cfg.recompile_limit, 256)
+        cfg.accumulated_recompile_limit = max(cfg.accumulated_recompile_limit, 1024)
         _COMPILED["flex"] = torch.compile(flex_attention, dynamic=False)
     return _COMPILED["flex"]
 
