@@ -36,7 +36,7 @@ from safetensors.torch import load_file
 from transformers import AttentionInterface, AutoModel, PreTrainedModel
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-from ..analysis.hf import HFCheckpoint, resolve
+from ..analysis.hf import PADDING_OFFSET_TYPES, HFCheckpoint, resolve
 from ..analysis.profiles import hf_profiles
 from ..analysis.tisa_fit import TisaFit, fit_tisa
 from ..attention.layer import PATHS
@@ -48,7 +48,6 @@ Mode = Literal["supplement", "replace"]
 IMPLEMENTATION = "posattn"
 INTERFACE_TYPES = {"bert", "roberta", "xlm-roberta", "camembert", "electra"}
 HOOK_TYPES = {"mpnet"}
-PADDING_OFFSET_TYPES = {"roberta", "xlm-roberta", "camembert", "mpnet"}  # rows 0 … pad are not positions
 
 
 def _context(b: int, n: int, keep: Tensor | None, device: torch.device) -> Context:
