@@ -95,10 +95,8 @@ class Batches:
                  specials: SpecialIds, vocab_size: int, mask_prob: float = 0.15) -> None:
         self.split, self.objective, self.length, self.batch_size = split, objective, length, batch_size
         self.seed, self.specials, self.vocab_size, self.mask_prob = seed, specials, vocab_size, mask_prob
-        self._epoch: tuple[int, np.ndarray, np.ndarray] | None = None
-        specials_mask = torch.zeros(vocab_size, dtype=torch.bool)
-        specials_mask[list(specials.all())] = True
-        self.ordinary = torch.nonzero(~specials_mask).squeeze(1)  # random replacements draw from these
+        self._plans: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        self.ordinary = np.setdiff1d(np.arange(vocab_size), specials.all())  # random replacements draw from these
 
     @classmethod
     def evaluation(cls, split: Split, objective: str, length: int, specials: SpecialIds, vocab_size: int,
@@ -112,21 +110,21 @@ class Batches:
         out = []
         for i in range(0, len(units), batch_size):
             rows = units[i:i + batch_size]
-            out.append(self.windows([int(r) for r in rows]) if self.objective == "clm"
-                       else self.pairs(rows, _rng(self.seed, i, 3)))
+            out.append(self.windows(rows) if self.objective == "clm" else self.pairs(rows, _rng(self.seed, i, 3))[0])
         return out
 
     def epoch_plan(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
         """(units, order) of ``epoch``: MLM instances or window starts, and their shuffled order."""
-        if self._epoch is None or self._epoch[0] != epoch:
+        if epoch not in self._plans:
             rng = _rng(self.seed, epoch, 1)
             if self.objective == "mlm":
                 units = mlm_instances(self.split, self.length, rng)
             else:
                 offset = int(rng.integers(0, self.length)) if epoch else 0
                 units = np.arange(offset, self.split.n_tokens - self.length - 1, self.length, dtype=np.int64)
-            self._epoch = (epoch, units, rng.permutation(len(units)))
-        return self._epoch[1], self._epoch[2]
+            keep = {e: self._plans[e] for e in (0, epoch - 1) if e in self._plans}  # epoch 0 sizes the stream
+            self._plans = {**keep, epoch: (units, rng.permutation(len(units)))}
+        return self._plans[epoch]
 
     def units_per_epoch(self) -> int:
         """Units of epoch 0; a step's position in the stream counts epochs of this size (a later
@@ -145,45 +143,49 @@ class Batches:
             out.append((epoch, int(order[k])))
         return out
 
-    def batch(self, step: int) -> Batch:
-        """The global batch of optimizer step ``step``."""
+    def batch(self, step: int, rank: int = 0, world: int = 1) -> tuple[Batch, int]:
+        """Rank ``rank``'s slice (of ``world`` equal slices) of the global batch of step ``step``,
+        and the number of scored tokens in the whole global batch. Only this slice's tokens are read."""
         picks = self.indices(step)
-        rows = [self.epoch_plan(e)[0][u] for e, u in picks]
+        rows = np.stack([self.epoch_plan(e)[0][u] for e, u in picks])
+        size = len(rows) // world
+        mine = slice(rank * size, (rank + 1) * size)
         if self.objective == "clm":
-            return self.windows([int(r) for r in rows])
-        return self.pairs(np.stack(rows), _rng(self.seed, step, 2))
+            return self.windows(rows[mine]), len(rows) * self.length
+        return self.pairs(rows, _rng(self.seed, step, 2), mine)
 
-    def windows(self, starts: list[int]) -> Batch:
+    def windows(self, starts: np.ndarray) -> Batch:
         """Causal-LM inputs and next-token targets from windows starting at ``starts``."""
-        tokens = self.split.tokens
-        block = torch.from_numpy(np.stack([np.asarray(tokens[s:s + self.length + 1], np.int64) for s in starts]))
+        index = np.asarray(starts, np.int64)[:, None] + np.arange(self.length + 1)
+        block = torch.from_numpy(np.asarray(self.split.tokens[index.ravel()], np.int64).reshape(index.shape))
         ones = torch.ones(len(starts), self.length, dtype=torch.bool)
         return Batch(block[:, :-1].contiguous(), block[:, 1:].contiguous(), torch.zeros_like(ones, dtype=torch.long), ones)
 
-    def pairs(self, rows: np.ndarray, rng: np.random.Generator) -> Batch:
-        """``[CLS] A [SEP] B [SEP]`` rows padded to the length, masked with ``rng``."""
-        sp, tokens = self.specials, self.split.tokens
-        ids = np.full((len(rows), self.length), sp.pad, np.int64)
-        seg = np.zeros_like(ids)
-        for i, (a0, a1, b0, b1) in enumerate(rows):
-            a, b = np.asarray(tokens[a0:a1], np.int64), np.asarray(tokens[b0:b1], np.int64)
-            row = [sp.cls, *a, sp.sep] + ([*b, sp.sep] if len(b) else [])
-            ids[i, :len(row)] = row
-            seg[i, len(a) + 2:len(row)] = 1
-        return self.mask(torch.from_numpy(ids), torch.from_numpy(seg), rng)
-
-    def mask(self, ids: Tensor, seg: Tensor, rng: np.random.Generator) -> Batch:
-        """BERT masking: 15% of ordinary tokens chosen; 80% [MASK], 10% random, 10% kept."""
-        special = torch.zeros_like(ids, dtype=torch.bool)
-        for s in self.specials.all():
-            special |= ids == s
-        u = torch.from_numpy(rng.random(ids.shape + (2,)))
-        chosen = (u[..., 0] < self.mask_prob) & ~special
-        labels = torch.where(chosen, ids, torch.full_like(ids, IGNORE))
-        masked = ids.clone()
-        to_mask = chosen & (u[..., 1] < 0.8)
-        to_random = chosen & (u[..., 1] >= 0.8) & (u[..., 1] < 0.9)
-        masked[to_mask] = self.specials.mask
-        randoms = self.ordinary[torch.from_numpy(rng.integers(0, len(self.ordinary), ids.shape))]
-        masked[to_random] = randoms[to_random]
-        return Batch(masked, labels, seg, ids != self.specials.pad)
+    def pairs(self, rows: np.ndarray, rng: np.random.Generator, part: slice = slice(None)) -> tuple[Batch, int]:
+        """``[CLS] A [SEP] B [SEP]`` rows padded to the length and masked with ``rng``: the rows of
+        ``part`` and the scored-token count of all rows. The layout and the masking draws cover every
+        row, so a slice is the same whatever the number of slices."""
+        sp = self.specials
+        rows = np.asarray(rows, np.int64).reshape(-1, 4)
+        a0, la, b0, lb = rows[:, :1], rows[:, 1:2] - rows[:, :1], rows[:, 2:3], rows[:, 3:4] - rows[:, 2:3]
+        j = np.arange(self.length)[None, :]
+        in_a = (j >= 1) & (j <= la)
+        in_b = (j >= la + 2) & (j < la + 2 + lb)
+        u = rng.random((2,) + in_a.shape)
+        chosen = (u[0] < self.mask_prob) & (in_a | in_b)  # special tokens are never chosen
+        replacements = self.ordinary[rng.integers(0, len(self.ordinary), in_a.shape)]
+        total = int(chosen.sum())
+        a0, la, b0, lb, in_a, in_b, u, chosen, replacements = (
+            x[part] for x in (a0, la, b0, lb, in_a, in_b, u.swapaxes(0, 1), chosen, replacements))
+        source = np.where(in_a, a0 + j - 1, np.where(in_b, b0 + j - la - 2, 0))
+        ids = np.where(in_a | in_b, np.asarray(self.split.tokens[source.ravel()], np.int64).reshape(source.shape), sp.pad)
+        ids[:, 0] = sp.cls
+        ids[j == la + 1] = sp.sep
+        ids[(j == la + 2 + lb) & (lb > 0)] = sp.sep
+        seg = ((j >= la + 2) & (j <= la + 2 + lb) & (lb > 0)).astype(np.int64)
+        # BERT: a chosen token becomes [MASK] (80%), a random ordinary token (10%) or stays (10%)
+        labels = np.where(chosen, ids, IGNORE)
+        masked = np.where(chosen & (u[:, 1] < 0.8), sp.mask, ids)
+        masked = np.where(chosen & (u[:, 1] >= 0.8) & (u[:, 1] < 0.9), replacements, masked)
+        t = torch.from_numpy
+        return Batch(t(masked), t(labels), t(seg), t(ids != sp.pad)), total

@@ -24,7 +24,7 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 import torch.distributed as dist
@@ -44,6 +44,7 @@ from .plots import plot_run
 
 CHECKPOINT, RESULT, METRICS = "checkpoint.pt", "result.json", "metrics.jsonl"
 DEFAULT_CORPUS = Path("runs/corpus/default")
+SPEED_ONLY = ("data_workers",)  # config keys that change speed, never results: free to change on resume
 
 
 @dataclass(frozen=True)
@@ -141,7 +142,7 @@ def _load_checkpoint(path: Path) -> dict[str, Any]:
 def _check_resume(state: dict[str, Any], cfg: PretrainConfig, corpus: Corpus, path: Path) -> None:
     """Refuse a checkpoint written with another config or corpus, naming what differs."""
     old = state["config"]
-    diff = [f"{k}: {old.get(k)!r} -> {v!r}" for k, v in cfg.to_dict().items() if old.get(k) != v]
+    diff = [f"{k}: {old.get(k)!r} -> {v!r}" for k, v in cfg.to_dict().items() if old.get(k) != v and k not in SPEED_ONLY]
     if diff:
         raise PositionError(f"{path} was written with a different config ({'; '.join(diff)}); "
                             f"use another output folder or the original settings; nothing was overwritten")
@@ -185,6 +186,28 @@ def _rewrite_metrics(path: Path, upto: int) -> list[dict[str, Any]]:
     return rows
 
 
+class _Steps(torch.utils.data.Dataset):
+    """Map-style view of the steps ``start`` … ``stop`` − 1: item i is this rank's batch of step start + i."""
+
+    def __init__(self, data: Batches, start: int, stop: int, world: World) -> None:
+        self.data, self.start, self.stop, self.world = data, start, stop, world
+
+    def __len__(self) -> int:
+        return self.stop - self.start
+
+    def __getitem__(self, i: int) -> tuple[Batch, int]:
+        return self.data.batch(self.start + i, self.world.rank, self.world.size)
+
+
+def prefetch(data: Batches, start: int, stop: int, world: World, workers: int) -> Iterator[tuple[Batch, int]]:
+    """This rank's batches of steps ``start`` … in order, built by ``workers`` background processes
+    (0: in this process). Batches are pure functions of the step, so workers change nothing but speed."""
+    if workers == 0:
+        return (data.batch(s, world.rank, world.size) for s in range(start, stop))
+    return iter(torch.utils.data.DataLoader(_Steps(data, start, stop, world), batch_size=None, num_workers=workers,
+                                            prefetch_factor=4, persistent_workers=False))
+
+
 def pretrain(cfg: PretrainConfig, out: str | Path, *, device: str = "auto", progress: bool = True,
              on_step: Callable[[int], None] | None = None) -> dict[str, Any]:
     """Train (or resume, or just report a finished run) into ``out``; returns the result dict.
@@ -194,7 +217,7 @@ def pretrain(cfg: PretrainConfig, out: str | Path, *, device: str = "auto", prog
     world, dev = init_world(device)
     if (out / RESULT).exists():
         written = json.loads((out / "config.json").read_text())
-        diff = [k for k, v in cfg.to_dict().items() if written.get(k) != v]
+        diff = [k for k, v in cfg.to_dict().items() if written.get(k) != v and k not in SPEED_ONLY]
         if diff:
             raise PositionError(f"{out} holds a finished run with other settings ({', '.join(diff)}); "
                                 f"use another output folder")
@@ -263,6 +286,8 @@ def pretrain(cfg: PretrainConfig, out: str | Path, *, device: str = "auto", prog
             with open(out / METRICS, "a") as f:
                 f.write(json.dumps(row) + "\n")
 
+    stream = prefetch(train_data, step, cfg.steps, world, cfg.data_workers if cfg.data_workers is not None
+                      else (2 if dev.type == "cuda" else 0))
     bar = tqdm(total=cfg.steps, initial=step, desc=f"pretrain {cfg.name}", disable=not (progress and world.main),
                dynamic_ncols=True)
     window_loss = window_count = window_tokens = 0.0
@@ -270,21 +295,20 @@ def pretrain(cfg: PretrainConfig, out: str | Path, *, device: str = "auto", prog
     model.train()
     while step < cfg.steps:
         t0 = time.perf_counter()
-        batch = train_data.batch(step)
+        mine, total = next(stream)
         data_seconds += time.perf_counter() - t0
-        total = batch.targets
-        mine = batch.shard(world.rank, world.size)
-        loss_sum = torch.zeros((), device=dev)
+        loss_sum = torch.zeros(2, device=dev)  # scored-token loss, real tokens
         for micro in range(cfg.grad_accum):
             part = mine.shard(micro, cfg.grad_accum).to(dev)
             sync = micro == cfg.grad_accum - 1 or world.size == 1
             with (contextlib.nullcontext() if sync else trainer.no_sync()), amp:
                 s, _ = trainer(part)
             scaler.scale(s * (world.size / total)).backward()
-            loss_sum += s.detach()
+            loss_sum[0] += s.detach()
+        loss_sum[1] = float(mine.attention_mask.sum())
         if world.size > 1:
             dist.all_reduce(loss_sum)
-        loss = float(loss_sum) / total
+        loss, real = float(loss_sum[0]) / total, int(loss_sum[1])
         if not math.isfinite(loss):
             raise PositionError(f"pretrain {cfg.name}: the loss became {loss} at step {step}; lower lr "
                                 f"(now {cfg.lr}) or use fp32")
@@ -296,7 +320,6 @@ def pretrain(cfg: PretrainConfig, out: str | Path, *, device: str = "auto", prog
         optimizer.zero_grad(set_to_none=True)
         scheduler.step()
         step += 1
-        real = int(batch.attention_mask.sum())
         tokens_seen += real
         elapsed += time.perf_counter() - t0
         window_loss, window_count, window_tokens = window_loss + loss, window_count + 1, window_tokens + real

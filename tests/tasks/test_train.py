@@ -102,7 +102,7 @@ def test_divergence_is_reported() -> None:
             return torch.full((*x.shape, V), float("nan")) * self.w
 
     with pytest.raises(FloatingPointError, match="lower the learning rate"):
-        train(Broken(), data(n=20), TrainConfig(steps=3, batch_size=4), progress=False)
+        train(Broken(), data(n=20), TrainConfig(steps=3, batch_size=4), device="cpu", progress=False)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")

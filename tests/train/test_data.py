@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 
 from posattn.text.tokenizer import special_ids
@@ -25,7 +26,8 @@ def test_instances_stay_inside_one_document_and_fit(corpus):
 
 def test_masking_follows_bert(corpus):
     data = batches(corpus, batch_size=512)
-    b = data.batch(0)
+    b, total = data.batch(0)
+    assert total == b.targets
     sp = special_ids(corpus.tokenizer)
     original = torch.where(b.labels != IGNORE, b.labels, b.input_ids)
     special = torch.isin(original, torch.tensor(sp.all()))
@@ -44,7 +46,7 @@ def test_masking_follows_bert(corpus):
 
 
 def test_pairs_layout(corpus):
-    b = batches(corpus, batch_size=16).batch(3)
+    b, _ = batches(corpus, batch_size=16).batch(3)
     sp = special_ids(corpus.tokenizer)
     for ids, seg, keep in zip(b.input_ids, b.segment_ids, b.attention_mask):
         n = int(keep.sum())
@@ -55,19 +57,23 @@ def test_pairs_layout(corpus):
 
 
 def test_causal_windows_shift_by_one(corpus):
-    b = batches(corpus, "clm", 24, 8).batch(2)
+    b, total = batches(corpus, "clm", 24, 8).batch(2)
     assert b.input_ids.shape == (8, 24)
     assert torch.equal(b.input_ids[:, 1:], b.labels[:, :-1])
-    assert b.targets == 8 * 24
+    assert b.targets == total == 8 * 24
 
 
-def test_step_batches_are_deterministic_and_shard(corpus):
-    a, b = batches(corpus, seed=3).batch(5), batches(corpus, seed=3).batch(5)
+@pytest.mark.parametrize("objective", ["mlm", "clm"])
+def test_step_batches_are_deterministic_and_rank_slices_agree(corpus, objective):
+    (a, total), (b, _) = batches(corpus, objective, seed=3).batch(5), batches(corpus, objective, seed=3).batch(5)
     assert torch.equal(a.input_ids, b.input_ids) and torch.equal(a.labels, b.labels)
-    assert not torch.equal(a.input_ids, batches(corpus, seed=4).batch(5).input_ids)
+    assert not torch.equal(a.input_ids, batches(corpus, objective, seed=4).batch(5)[0].input_ids)
+    slices = [batches(corpus, objective, seed=3).batch(5, rank, 4) for rank in range(4)]
+    assert all(t == total for _, t in slices)
+    for field in ("input_ids", "labels", "segment_ids", "attention_mask"):
+        assert torch.equal(torch.cat([getattr(s, field) for s, _ in slices]), getattr(a, field))
     parts = [a.shard(i, 4) for i in range(4)]
     assert torch.equal(torch.cat([p.input_ids for p in parts]), a.input_ids)
-    assert sum(p.targets for p in parts) == a.targets
 
 
 def test_epochs_wrap_with_new_instances(corpus):

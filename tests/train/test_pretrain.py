@@ -107,3 +107,10 @@ def test_recipes_ship_and_validate():
 def test_batch_not_divisible_is_refused(corpus, tmp_path):
     with pytest.raises(PositionError, match="multiple of processes × grad_accum"):
         pretrain(parse(tiny(corpus, batch_size=6, grad_accum=4)), tmp_path / "r", progress=False)
+
+
+def test_background_data_workers_change_nothing(corpus, tmp_path):
+    pretrain(parse(tiny(corpus, data_workers=0)), tmp_path / "w0", progress=False)
+    pretrain(parse(tiny(corpus, data_workers=2)), tmp_path / "w2", progress=False)
+    a, b = read_weights(tmp_path / "w0"), read_weights(tmp_path / "w2")
+    assert all(torch.equal(a[k], b[k]) for k in a)
