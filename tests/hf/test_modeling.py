@@ -98,6 +98,7 @@ def test_tokenizer_template_adds_cls_and_sep(tokenizer):
 
 
 def test_trainer_trains_a_posattn_mlm(encoder_folder, texts, tmp_path):
+    pytest.importorskip("accelerate")  # transformers' Trainer needs it
     tok = hf_tokenizer(encoder_folder)
     model = AutoModelForMaskedLM.from_pretrained(encoder_folder)
     before = {k: v.clone() for k, v in model.state_dict().items()}
