@@ -34,8 +34,8 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser.add_argument("--tasks", nargs="+", default=None, help="task names (or offline, glue); replace the config's")
     parser.add_argument("--seeds", type=int, default=None, help="number of seeds (0..N-1); replaces the config's")
     parser.add_argument("--glue-dir", default=None, help="folder of the official GLUE download (CoLA/, MNLI/, ...)")
-    parser.add_argument("--max-train", type=int, default=None, help="cap on training examples per task")
-    parser.add_argument("--max-eval", type=int, default=None, help="cap on validation and each test set")
+    parser.add_argument("--max-train", type=int, default=None, help="cap on training examples per task (0: all)")
+    parser.add_argument("--max-eval", type=int, default=None, help="cap on validation and each test set (0: all)")
     add_sweep_options(parser, "finetune", workers=min(2, os.cpu_count() or 1))   # both cores of a 2-core laptop
     parser.set_defaults(func=run)
     return parser
@@ -47,7 +47,7 @@ def run(args: argparse.Namespace) -> None:
     for key, value in [("checkpoints", args.checkpoints or None), ("tasks", args.tasks), ("seeds", args.seeds),
                        ("glue_dir", args.glue_dir), ("max_train", args.max_train), ("max_eval", args.max_eval)]:
         if value is not None:
-            raw[key] = value
+            raw[key] = None if key.startswith("max_") and value == 0 else value
     if args.dump_config:
         print(yaml.safe_dump(raw, sort_keys=False), end="")
         return

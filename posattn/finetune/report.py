@@ -97,11 +97,13 @@ def write_report(suite: Suite, summary: dict[str, Any], out: Path) -> Path:
                      f"{tr['batch_size']}, {tr['epochs']:g} epochs"
                      + (f", initialised from the {cfg['intermediate'][t]} model" if t in cfg["intermediate"] else "")
                      + (f". {note}" if note else "") + ".")
-    tokens = [v for c in cells if c.get("eval_tokens") for v in c["eval_tokens"].values()]
-    if tokens:
-        real, srt, uns = (sum(v[k] for v in tokens) for k in ("real", "sorted", "unsorted"))
-        lines += ["", f"Evaluation batches sorted by length computed {srt:,} token positions for {real:,} real "
-                      f"tokens; in file order they would have computed {uns:,} ({uns / srt:.2f}x)."]
+    cost = [v for c in cells if c.get("eval_cost") for v in c["eval_cost"].values()]
+    if cost:
+        total = {k: sum(v[k] for v in cost) for k in cost[0]}
+        lines += ["", f"Evaluation batches sorted by length: {total['sorted_tokens']:,} token positions computed for "
+                      f"{total['real_tokens']:,} real tokens, in {total['sorted_seconds']:.1f} s; the same test passes "
+                      f"in file order: {total['unsorted_tokens']:,} positions, {total['unsorted_seconds']:.1f} s "
+                      f"({total['unsorted_seconds'] / max(total['sorted_seconds'], 1e-9):.2f}x the time)."]
     diverged = [c for c in cells if c.get("diverged")]
     lines += ["", f"Wall time of this invocation: {summary['wall_seconds']:.0f} s; fine-tuning summed over "
                   f"{len(cells)} cells: {summary['cell_seconds']:.0f} s wall, {summary['cell_cpu_seconds']:.0f} s CPU "

@@ -159,6 +159,18 @@ def score(model: Encoder, task: Task, data: Encoded, batch_size: int) -> dict[st
     return metrics.compute(task.metrics, predict(model, task, data, batch_size), data.labels.numpy())
 
 
+def eval_cost(model: Encoder, task: Task, data: Encoded, batch_size: int) -> dict[str, float]:
+    """Token positions computed and seconds taken by one evaluation pass, batches sorted by length
+    vs in file order (measured back to back on the same model)."""
+    out: dict[str, float] = {"real_tokens": sum(data.lengths())}
+    for name, sort in (("sorted", True), ("unsorted", False)):
+        start = time.perf_counter()
+        predict(model, task, data, batch_size, sort)
+        out[f"{name}_seconds"] = time.perf_counter() - start
+        out[f"{name}_tokens"] = padded_tokens(data.lengths(), eval_batches(data.lengths(), batch_size, sort))
+    return out
+
+
 def baseline(task: Task, train: Encoded, test: Encoded) -> dict[str, float]:
     """Scores of a constant prediction: the majority training class (regression: the training mean)."""
     guess = float(train.labels.mean()) if task.regression else int(train.labels.bincount().argmax())
@@ -278,7 +290,8 @@ def run_cell(cell: Cell, out: Path, device: str = "auto", progress: bool = True,
     folder = out / "cells" / cell.id
     result_path, model_dir = folder / "result.json", folder / MODEL_DIR
     if result_path.exists() and (not keep_model or (model_dir / WEIGHTS).exists()):
-        return json.loads(result_path.read_text())
+        # the id keys the checkpoint by content: report it under this sweep's label and path
+        return {**json.loads(result_path.read_text()), "label": cell.label, "checkpoint": cell.checkpoint}
     task, checkpoint = TASKS[cell.task], Path(cell.checkpoint)
     data = task_data(cell.task, cell.glue_dir, cell.max_train, cell.max_eval)
     sets = encoded(str(tokenizer_path(checkpoint)), cell.task, cell.glue_dir, cell.max_train, cell.max_eval,
@@ -301,9 +314,7 @@ def run_cell(cell: Cell, out: Path, device: str = "auto", progress: bool = True,
         tests = {k.removeprefix("test:"): v for k, v in sets.items() if k.startswith("test:")}
         result.update(outcome, scores={k: score(model, task, v, cfg.eval_batch_size) for k, v in tests.items()},
                       baseline={k: baseline(task, sets["train"], v) for k, v in tests.items()},
-                      eval_tokens={k: {"sorted": padded_tokens(v.lengths(), eval_batches(v.lengths(), cfg.eval_batch_size)),
-                                       "unsorted": padded_tokens(v.lengths(), eval_batches(v.lengths(), cfg.eval_batch_size, False)),
-                                       "real": sum(v.lengths())} for k, v in tests.items()})
+                      eval_cost={k: eval_cost(model, task, v, cfg.eval_batch_size) for k, v in tests.items()})
     result["train_seconds"] = round(time.perf_counter() - start, 2)
     result["cpu_seconds"] = round(time.process_time() - cpu, 2)     # = wall time on an idle core, single-threaded
     if keep_model and "diverged" not in result:
