@@ -2,11 +2,15 @@
 from __future__ import annotations
 
 import argparse
+import ast
+import dataclasses
 import importlib.util
+from typing import Any
 from pathlib import Path
 
 import torch
 
+from ..attention.fast import Policy
 from ..errors import PositionError
 from ..mechanisms import get
 from .cases import Sizes, parse_mechanisms
@@ -45,6 +49,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="precision of models and inputs")
     p.add_argument("--repeats", type=int, help="interleaved rounds, medians reported (default 5)")
     p.add_argument("--warmup", type=int, help="untimed rounds first (default 1)")
+    p.add_argument("--policy", nargs="+", default=[], metavar="FIELD=VALUE",
+                   help="override fast-path Policy fields, e.g. dense_max_n=256 grad_chunk=64 force=flash_bias")
     p.add_argument("--no-memory", action="store_true", help="skip the peak-memory child processes")
     p.add_argument("--no-time", action="store_true", help="only peak memory (e.g. for n = 16384)")
     p.add_argument("--peers", action="store_true",
@@ -89,10 +95,32 @@ def options(args: argparse.Namespace) -> BenchOptions:
                         batches=_batches(args.batch or [1]),
                         repeats=_first(args.repeats, quick.get("repeats"), 5),
                         warmup=_first(args.warmup, quick.get("warmup"), 1),
-                        timing=not args.no_time, memory=not args.no_memory, peers=args.peers)
+                        timing=not args.no_time, memory=not args.no_memory, peers=args.peers,
+                        policy=policy_overrides(args.policy))
     if mechs is not None:
         opts.mechanisms = mechs
     return opts
+
+
+def policy_overrides(items: list[str]) -> dict[str, Any]:
+    """``["dense_max_n=256", "force=banded"]`` -> Policy fields (every bad item in one error)."""
+    fields = {f.name: f for f in dataclasses.fields(Policy)}
+    out: dict[str, Any] = {}
+    bad = []
+    for item in items:
+        key, _, raw = item.partition("=")
+        if key not in fields or not raw:
+            bad.append(item)
+            continue
+        try:
+            value = ast.literal_eval(raw)
+        except (ValueError, SyntaxError):
+            value = raw  # a bare word: force=banded
+        out[key] = None if raw == "None" else value
+    if bad:
+        raise PositionError(f"bench --policy: bad item(s) {', '.join(bad)}; use FIELD=VALUE with FIELD one "
+                            f"of {', '.join(fields)}")
+    return out
 
 
 def _batches(batches: list[int]) -> list[int]:

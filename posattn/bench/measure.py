@@ -22,6 +22,7 @@ from typing import Any, Callable
 
 import torch
 
+from ..attention import fast
 from .cases import Case, CaseSpec, Sizes, make_case
 
 
@@ -90,6 +91,12 @@ def child_main() -> None:
     job = json.load(sys.stdin)
     torch.set_num_threads(job["threads"])
     sizes = Sizes(**job["sizes"])
+    policy = fast.Policy(**{**fast.policy_for(torch.device(sizes.device)).__dict__, **job["policy"]})
+    with fast.using(policy):
+        _child_cases(job, sizes)
+
+
+def _child_cases(job: dict[str, Any], sizes: Sizes) -> None:
     for raw in job["cases"]:
         spec, case = CaseSpec(**raw), None
         try:
@@ -104,8 +111,8 @@ def child_main() -> None:
         del case
 
 
-def measure_memory(specs: list[CaseSpec], sizes: Sizes, threads: int,
-                   timeout: float | None = None) -> dict[CaseSpec, dict[str, Any]]:
+def measure_memory(specs: list[CaseSpec], sizes: Sizes, threads: int, timeout: float | None = None,
+                   policy: dict[str, Any] | None = None) -> dict[CaseSpec, dict[str, Any]]:
     """Peak training/inference memory (MB) per case, one child process for all of ``specs``."""
     if sizes.device != "cpu":
         return _cuda_memory(specs, sizes)
@@ -114,7 +121,8 @@ def measure_memory(specs: list[CaseSpec], sizes: Sizes, threads: int,
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536",
            "PYTHONPATH": os.pathsep.join(filter(None, [str(Path(__file__).resolve().parents[2]),
                                                        os.environ.get("PYTHONPATH")]))}
-    job = {"threads": threads, "sizes": asdict(sizes), "cases": [asdict(s) for s in specs]}
+    job = {"threads": threads, "sizes": asdict(sizes), "cases": [asdict(s) for s in specs],
+           "policy": policy or {}}
     proc = subprocess.run([sys.executable, "-c", "from posattn.bench.measure import child_main; child_main()"],
                           input=json.dumps(job), capture_output=True, text=True, env=env, timeout=timeout)
     out: dict[CaseSpec, dict[str, Any]] = {}

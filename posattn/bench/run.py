@@ -9,6 +9,7 @@ from typing import Any, Callable
 import torch
 
 from .. import mechanisms
+from ..attention import fast
 from ..mechanisms.conv import METHODS, conv_method
 from . import peers as peer_lib
 from .cases import BASELINE, Case, CaseSpec, Sizes, make_case, spec_label
@@ -27,6 +28,7 @@ class BenchOptions:
     sizes: Sizes = field(default_factory=Sizes)
     batches: list[int] = field(default_factory=lambda: [1])  # a grid: every length × batch
     models: list[str] = field(default_factory=list)  # model cases (kind "model", :mod:`.models`)
+    policy: dict[str, Any] = field(default_factory=dict)  # fast-path Policy fields to override
     threads: int = 2
     repeats: int = 5
     warmup: int = 1
@@ -75,10 +77,12 @@ def run(opts: BenchOptions, log: Callable[[str], None] = _log,
             if peer in peer_lib.available() and ours not in opts.mechanisms:
                 opts.mechanisms.append(ours)
     rows: list[dict[str, Any]] = []
+    policy = fast.Policy(**{**fast.policy_for(torch.device(opts.sizes.device)).__dict__, **opts.policy})
     for n, batch in [(n, b) for b in opts.batches for n in opts.lengths]:
         sizes = Sizes(**{**opts.sizes.__dict__, "max_len": max(opts.lengths),
                          "batch": batch})
-        rows += _measure(n, sizes, opts, log)
+        with fast.using(policy):
+            rows += _measure(n, sizes, opts, log)
         if partial:
             partial(rows)
     return rows
@@ -103,7 +107,7 @@ def _measure(n: int, sizes: Sizes, opts: BenchOptions, log: Callable[[str], None
     memory: dict[CaseSpec, dict[str, Any]] = {}
     if opts.memory:
         log(f"{where}: peak memory of {len(applicable)} cases (child process)")
-        memory = measure_memory(applicable, sizes, opts.threads)
+        memory = measure_memory(applicable, sizes, opts.threads, policy=opts.policy)
     return _rows(n, sizes, specs, times, memory, paths, errors, opts)
 
 

@@ -163,3 +163,12 @@ def test_dropout_grid_and_unavailable_device(tmp_path: Path, capsys: pytest.Capt
     if not torch.cuda.is_available():
         assert main(["bench", *TINY, "--device", "cuda"]) == 2
         assert "--device cuda is not available" in capsys.readouterr().err
+
+
+def test_policy_overrides(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rows = run_cli(tmp_path, "-m", "fixed_conv", "-n", "64", "--kinds", "layer", "--no-memory",
+                   "--policy", "dense_max_n=0", "force=flash_bias", "grad_chunk=16")
+    assert next(r for r in rows if r["mechanism"] == "fixed_conv")["path"] == "flash_bias"
+    assert main(["bench", *TINY, "--policy", "nope=1", "dense_max_n"]) == 2
+    err = capsys.readouterr().err
+    assert "nope=1" in err and "dense_max_n" in err and "band_fraction" in err
