@@ -126,7 +126,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     e = subparsers.add_parser("eval-lm", help="perplexity / MLM loss against evaluation context length",
                               description=EVAL_HELP, formatter_class=fmt)
-    e.add_argument("models", nargs="+", help="run folders, recipe folders or model folders")
+    e.add_argument("models", nargs="*", default=["runs/pretrain-default"],
+                   help="run folders, recipe folders or model folders (default runs/pretrain-default)")
     e.add_argument("--corpus", help="corpus folder (default: the one each run was trained on)")
     group = e.add_mutually_exclusive_group()
     group.add_argument("--multipliers", type=float, nargs="+", help="lengths as multiples of the training length")

@@ -56,7 +56,7 @@ class PretrainConfig:
     mechanisms: list[Any] = field(default_factory=lambda: ["absolute"])
     model: dict[str, Any] = field(default_factory=dict)
     corpus: str = "default"
-    steps: int = 1500
+    steps: int = 300
     batch_size: int = 32
     grad_accum: int = 1
     lr: float = 1e-3
@@ -67,9 +67,9 @@ class PretrainConfig:
     grad_clip: float = 1.0
     mask_prob: float = 0.15
     dropout: float = 0.1
-    eval_every: int = 250
+    eval_every: int = 100
     eval_sequences: int = 256
-    checkpoint_every: int = 250
+    checkpoint_every: int = 100
     log_every: int = 10
     seed: int = 0
     precision: str = "auto"

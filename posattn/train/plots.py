@@ -8,6 +8,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.ticker import ScalarFormatter  # noqa: E402
 
 
 def plot_run(history: list[dict[str, Any]], path: Path, title: str) -> None:
@@ -56,6 +57,8 @@ def plot_lengths(rows: list[dict[str, Any]], path: Path, train_length: int, metr
     ax.axvline(train_length, color="grey", ls=":", label="training length")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
+    ax.yaxis.set_major_formatter(ScalarFormatter())
+    ax.yaxis.set_minor_formatter(ScalarFormatter())
     ax.set_xlabel("evaluation context length (tokens)")
     ax.set_ylabel(metric.replace("_", " "))
     ax.legend(fontsize=8)

@@ -291,12 +291,15 @@ def pretrain(cfg: PretrainConfig, out: str | Path, *, device: str = "auto", prog
     bar = tqdm(total=cfg.steps, initial=step, desc=f"pretrain {cfg.name}", disable=not (progress and world.main),
                dynamic_ncols=True)
     window_loss = window_count = window_tokens = 0.0
+    first = True
     window_start = time.perf_counter()
     model.train()
     while step < cfg.steps:
         t0 = time.perf_counter()
         mine, total = next(stream)
-        data_seconds += time.perf_counter() - t0
+        if not first:  # the first fetch of a (re)started loop includes the workers' start-up
+            data_seconds += time.perf_counter() - t0
+        first = False
         loss_sum = torch.zeros(2, device=dev)  # scored-token loss, real tokens
         for micro in range(cfg.grad_accum):
             part = mine.shard(micro, cfg.grad_accum).to(dev)
