@@ -4,7 +4,8 @@
 
 Variants (TISA §5): the model as is; TISA ``supplement`` with S = 1, 3, 5 kernels; TISA
 ``replace`` with S = 5. As in TISA (App. C, for both 3a and 3b) every TISA variant's kernels are
-initialised by regression to the model's own F̂_P (:func:`~posattn.hf.retrofit.fit_kernels`).
+initialised by regression to the model's own F̂_P (:func:`~posattn.hf.retrofit.fit_kernels`,
+saved as ``fit-S<k>.npz`` and reused by reruns).
 Each cell (variant, task, seed) fine-tunes a fresh ``AutoModelForSequenceClassification`` with
 :func:`posattn.finetune.run.finetune` (same data, tokenisation, schedule and metrics as
 ``posattn finetune``; the best validation checkpoint is scored on the test split) and writes
@@ -21,12 +22,14 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 from tqdm import tqdm
 from transformers import AutoModelForSequenceClassification, PreTrainedModel
 
 from ..analysis.hf import resolve
+from ..analysis.tisa_fit import TisaFit
 from ..finetune.run import FinetuneConfig, baseline, encoded, finetune, score
 from ..finetune.tasks import TASKS
 from .retrofit import add_mechanisms, fit_kernels
@@ -60,6 +63,16 @@ def build(folder: Path, n_labels: int, variant: tuple[str, int] | None, fits: di
     return Classifier(model)
 
 
+def cached_fit(folder: Path, n_kernels: int, path: Path) -> TisaFit:
+    """:func:`fit_kernels` once; later runs read it back from ``path``."""
+    if path.exists():
+        with np.load(path) as saved:
+            return TisaFit(**{k: saved[k] if saved[k].ndim else int(saved[k]) for k in saved.files})
+    fit = fit_kernels(folder, n_kernels=n_kernels)
+    np.savez(path, **asdict(fit))
+    return fit
+
+
 def summarise(cells: list[dict[str, Any]]) -> dict[str, dict[str, dict[str, float]]]:
     """variant -> task -> {median, mean, se, n} of the test scores (× 100)."""
     out: dict[str, dict[str, dict[str, float]]] = {}
@@ -91,8 +104,8 @@ def run(model: str = "minilm", tasks: list[str] | None = None, seeds: int = 5, m
         max_len: int = 128) -> dict[str, Any]:
     tasks = tasks or ["trec6", "word_order"]
     folder = resolve(model)
-    fits = {s: fit_kernels(folder, n_kernels=s) for s in sorted({v[1] for v in VARIANTS.values() if v})}
     (out / "cells").mkdir(parents=True, exist_ok=True)
+    fits = {s: cached_fit(folder, s, out / f"fit-S{s}.npz") for s in sorted({v[1] for v in VARIANTS.values() if v})}
     cells = []
     jobs = [(v, t, s) for s in range(seeds) for t in tasks for v in VARIANTS]  # every variant per seed first
     protocol = (f"{len(tasks)} tasks ({', '.join(tasks)}), {seeds} seeds, ≤ {max_train} training and ≤ {max_eval} "
