@@ -28,7 +28,7 @@ from ..text.corpus import Corpus, open_corpus
 from ..text.tokenizer import FILENAME, load_tokenizer, special_ids
 from .data import Batches
 from .plots import plot_lengths
-from .pretrain import evaluate
+from .pretrain import RUN_CONFIG, evaluate
 
 SCALINGS = ("linear", "yarn")
 SCORE_BUDGET = 2 ** 24  # batch · length² per evaluation batch
@@ -47,7 +47,7 @@ class Subject:
 def subject(path: str | Path, corpus: str | Path | None = None, label: str | None = None) -> Subject:
     """A pretraining run folder (its ``model/`` and corpus are used) or a model folder plus ``corpus``."""
     path = Path(path)
-    run_config = path / "config.json"
+    run_config = path / RUN_CONFIG
     folder = path / "model" if (path / "model").is_dir() else path
     config = read_config(folder)
     if corpus is None:

@@ -2,7 +2,7 @@
 
 One run writes to its folder::
 
-    config.json         the resolved :class:`~.config.PretrainConfig` and the corpus it read
+    pretrain.json       the resolved :class:`~.config.PretrainConfig` and the corpus it read
     checkpoint.pt       model, optimizer, scheduler, grad scaler, step, RNG state of every rank
     model/              the latest weights as a posattn checkpoint + tokenizer.json (for finetuning)
     metrics.jsonl       one line per log interval (loss, lr, tokens/s) and per evaluation
@@ -42,7 +42,7 @@ from .data import Batch, Batches
 from .objective import objective_for
 from .plots import plot_run
 
-CHECKPOINT, RESULT, METRICS = "checkpoint.pt", "result.json", "metrics.jsonl"
+CHECKPOINT, RESULT, METRICS, RUN_CONFIG = "checkpoint.pt", "result.json", "metrics.jsonl", "pretrain.json"
 DEFAULT_CORPUS = Path("runs/corpus/default")
 SPEED_ONLY = ("data_workers",)  # config keys that change speed, never results: free to change on resume
 
@@ -216,7 +216,7 @@ def pretrain(cfg: PretrainConfig, out: str | Path, *, device: str = "auto", prog
     out = Path(out)
     world, dev = init_world(device)
     if (out / RESULT).exists():
-        written = json.loads((out / "config.json").read_text())
+        written = json.loads((out / RUN_CONFIG).read_text())
         diff = [k for k, v in cfg.to_dict().items() if written.get(k) != v and k not in SPEED_ONLY]
         if diff:
             raise PositionError(f"{out} holds a finished run with other settings ({', '.join(diff)}); "
@@ -260,7 +260,7 @@ def pretrain(cfg: PretrainConfig, out: str | Path, *, device: str = "auto", prog
         torch.manual_seed(cfg.seed * 7919 + world.rank)  # dropout stream of this rank
     if world.main:
         out.mkdir(parents=True, exist_ok=True)
-        (out / "config.json").write_text(json.dumps({**cfg.to_dict(), "corpus_folder": str(corpus.folder),
+        (out / RUN_CONFIG).write_text(json.dumps({**cfg.to_dict(), "corpus_folder": str(corpus.folder),
                                                      "corpus_fingerprint": corpus.fingerprint,
                                                      "parameters": sum(p.numel() for p in model.parameters())}, indent=2))
         history = _rewrite_metrics(out / METRICS, step)
