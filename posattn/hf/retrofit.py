@@ -94,6 +94,8 @@ def _add_position_bias(module: nn.Module, args: tuple, kwargs: dict) -> tuple[tu
     b, n, _ = hidden.shape
     h = module.num_attention_heads
     ctx = _context(b, n, None, hidden.device)
+    for m in mechs:
+        m.check(ctx)
     q = module.q(hidden).view(b, n, h, -1).transpose(1, 2)
     k = module.k(hidden).view(b, n, h, -1).transpose(1, 2)
     extra = sum(t.dense(n) for m in mechs for t in m.score_terms(q, k, ctx))
