@@ -151,8 +151,11 @@ class LandmarkCAT(CAT):
         own block; one softmax over the (top_k + 1)·B candidates of each query."""
         b, h, size, d = q.shape
         blk, nb, kk = self.block, size // self.block, chosen.shape[-1]
-        kb, vb = k.view(b, h, nb, blk * d), v.view(b, h, nb, blk * v.shape[-1])
-        real = slots.real.view(b, 1, nb, blk)
+        # blocks as rows of flat tables, so one index_select fetches a chosen block (row copies)
+        kb, vb = k.reshape(b * h * nb, blk * d), v.reshape(b * h * nb, -1)
+        own_real = slots.real.view(b, 1, nb, blk)
+        real = own_real.expand(b, h, nb, blk).reshape(b * h * nb, blk)
+        first = (torch.arange(b * h, device=q.device) * nb).view(b, h, 1, 1)  # row of block 0
         step = max(1, GATHER_BUDGET // max(1, b * h * blk * kk * blk * d))  # query blocks per chunk
         out = []
         for c0 in range(0, nb, step):
@@ -160,23 +163,23 @@ class LandmarkCAT(CAT):
             rows = slice(c0 * blk, c1 * blk)
             qc, idx, okc = q[:, :, rows], chosen[:, :, rows], ok[:, :, rows]
             m = qc.shape[2]
-            flat = idx.reshape(b, h, m * kk, 1)
-            ksel = kb.gather(2, flat.expand(-1, -1, -1, blk * d)).view(b, h, m, kk * blk, d)
-            vsel = vb.gather(2, flat.expand(-1, -1, -1, vb.shape[-1])).view(b, h, m, kk * blk, -1)
-            rsel = real.expand(b, h, nb, blk).gather(2, flat.expand(-1, -1, -1, blk)).view(b, h, m, kk, blk)
-            s_sel = torch.einsum("bhtd,bhtjd->bhtj", qc, ksel) / math.sqrt(d)
+            flat = (first + idx).reshape(-1)
+            ksel = kb.index_select(0, flat).view(b, h, m, kk * blk, d)
+            vsel = vb.index_select(0, flat).view(b, h, m, kk * blk, -1)
+            rsel = real.index_select(0, flat).view(b, h, m, kk, blk)
+            s_sel = (qc.unsqueeze(-2) @ ksel.transpose(-1, -2)).squeeze(-2) / math.sqrt(d)
             if self.selection == "soft":
                 s_sel = s_sel + scores[:, :, rows].gather(-1, idx).repeat_interleave(blk, -1)
             s_sel = s_sel.masked_fill(~(rsel & okc[..., None]).view(b, h, m, kk * blk), float("-inf"))
             qo = qc.view(b, h, c1 - c0, blk, d)
             s_own = qo @ k[:, :, rows].view(b, h, c1 - c0, blk, d).transpose(-1, -2) / math.sqrt(d)
-            own_ok = real[:, :, c0:c1, None, :].expand(b, h, c1 - c0, blk, blk)
+            own_ok = own_real[:, :, c0:c1, None, :].expand(b, h, c1 - c0, blk, blk)
             if causal:
                 own_ok = own_ok.tril()
             own_ok = own_ok | torch.eye(blk, dtype=torch.bool, device=q.device)
             s_own = s_own.masked_fill(~own_ok, float("-inf")).view(b, h, m, blk)
             p = torch.softmax(torch.cat([s_sel, s_own], -1), -1)
-            o = torch.einsum("bhtj,bhtje->bhte", p[..., : kk * blk], vsel)
+            o = (p[..., : kk * blk].unsqueeze(-2) @ vsel).squeeze(-2)
             o = o + (p[..., kk * blk:].view(b, h, c1 - c0, blk, blk) @ v[:, :, rows].view(
                 b, h, c1 - c0, blk, -1)).view(b, h, m, -1)
             out.append(o)
