@@ -70,10 +70,13 @@ class _DepthwiseConv(torch.autograd.Function):
         (b, c, _), k, left = xt.shape, w.shape[-1], ctx.left
         gt = g.transpose(1, 2).contiguous()  # [b, C, n]
         gx = gw = None
+        # under autocast the forward ran in a lower precision that the backward does not see: compute
+        # in the gradient's dtype and return each gradient in its input's dtype
         if ctx.needs_input_grad[0]:
-            gx = _grouped(F.pad(gt, (k - 1 - left, left)), w.flip(-1)).transpose(1, 2)
+            gx = _grouped(F.pad(gt, (k - 1 - left, left)), w.flip(-1).to(gt.dtype)).transpose(1, 2).to(xt.dtype)
         if ctx.needs_input_grad[1]:
-            gw = F.conv1d(xt.view(1, b * c, -1), gt.view(b * c, 1, -1), groups=b * c).view(b, c, k).sum(0)
+            gw = F.conv1d(xt.to(gt.dtype).view(1, b * c, -1), gt.view(b * c, 1, -1), groups=b * c)
+            gw = gw.view(b, c, k).sum(0).to(w.dtype)
         return gx, gw, None
 
 
