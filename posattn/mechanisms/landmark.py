@@ -22,8 +22,9 @@ the selection receive a gradient (the grouped softmax of Landmark Attention, Moh
 the power of two nearest √max_len, which minimises L/B + B.
 
 Paths: ``reference`` materialises the same selection as a dense n×n mask (and bias) and runs
-one softmax over it; ``fast`` gathers the chosen blocks' keys and values (chunks of query
-blocks bound the memory), O(n·(L/B + (top_k + 1)·B)·d_h).
+one softmax over it; ``fast`` sorts the (query, chosen block) pairs by block so that each
+block's keys and values serve all the queries that chose it in one matmul: O(n·(L/B +
+(top_k + 1)·B)·d_h) time, O(n·(L/B + (top_k + 1)·B)) memory beyond q, k, v.
 """
 from __future__ import annotations
 
@@ -41,7 +42,6 @@ from .conv_layers import CAT
 from .registry import register
 
 Selection = Literal["hard", "soft"]
-GATHER_BUDGET = 1 << 22  # fast path: gathered key/value elements per chunk of query blocks
 
 
 def default_block(max_len: int) -> int:
@@ -125,7 +125,7 @@ class LandmarkCAT(CAT):
         slots = Slots(ctx.positions, ctx.keep, self.block)
         qs, ks, vs = slots.place(q), slots.place(k), slots.place(v)
         scores, chosen, ok = self.select(qs, ks, slots, ctx.causal)
-        attend = self.dense if softmax.path == "reference" else self.gathered
+        attend = self.dense if softmax.path == "reference" else self.grouped
         return slots.take(attend(qs, ks, vs, scores, chosen, ok, slots, ctx.causal))
 
     def dense(self, q: Tensor, k: Tensor, v: Tensor, scores: Tensor, chosen: Tensor, ok: Tensor,
@@ -145,42 +145,44 @@ class LandmarkCAT(CAT):
             s = s + picked * scores.gather(-1, block_of.expand(*scores.shape[:2], size, size))
         return torch.softmax(s.masked_fill(~allowed, float("-inf")), -1) @ v
 
-    def gathered(self, q: Tensor, k: Tensor, v: Tensor, scores: Tensor, chosen: Tensor, ok: Tensor,
-                 slots: Slots, causal: bool) -> Tensor:
-        """Fast: per chunk of query blocks, the chosen blocks' keys and values gathered, plus the
-        own block; one softmax over the (top_k + 1)·B candidates of each query."""
+    def grouped(self, q: Tensor, k: Tensor, v: Tensor, scores: Tensor, chosen: Tensor, ok: Tensor,
+                slots: Slots, causal: bool) -> Tensor:
+        """Fast: the (query, chosen block) pairs sorted by block, so each block's keys and values
+        serve all the queries that chose it in one matmul (no per-query copies); the own block
+        as one batched matmul; one softmax over the (top_k + 1)·B candidates of each query."""
         b, h, size, d = q.shape
         blk, nb, kk = self.block, size // self.block, chosen.shape[-1]
-        # blocks as rows of flat tables, so one index_select fetches a chosen block (row copies)
-        kb, vb = k.reshape(b * h * nb, blk * d), v.reshape(b * h * nb, -1)
-        own_real = slots.real.view(b, 1, nb, blk)
-        real = own_real.expand(b, h, nb, blk).reshape(b * h * nb, blk)
-        first = (torch.arange(b * h, device=q.device) * nb).view(b, h, 1, 1)  # row of block 0
-        step = max(1, GATHER_BUDGET // max(1, b * h * blk * kk * blk * d))  # query blocks per chunk
-        out = []
-        for c0 in range(0, nb, step):
-            c1 = min(nb, c0 + step)
-            rows = slice(c0 * blk, c1 * blk)
-            qc, idx, okc = q[:, :, rows], chosen[:, :, rows], ok[:, :, rows]
-            m = qc.shape[2]
-            flat = (first + idx).reshape(-1)
-            ksel = kb.index_select(0, flat).view(b, h, m, kk * blk, d)
-            vsel = vb.index_select(0, flat).view(b, h, m, kk * blk, -1)
-            rsel = real.index_select(0, flat).view(b, h, m, kk, blk)
-            s_sel = (qc.unsqueeze(-2) @ ksel.transpose(-1, -2)).squeeze(-2) / math.sqrt(d)
-            if self.selection == "soft":
-                s_sel = s_sel + scores[:, :, rows].gather(-1, idx).repeat_interleave(blk, -1)
-            s_sel = s_sel.masked_fill(~(rsel & okc[..., None]).view(b, h, m, kk * blk), float("-inf"))
-            qo = qc.view(b, h, c1 - c0, blk, d)
-            s_own = qo @ k[:, :, rows].view(b, h, c1 - c0, blk, d).transpose(-1, -2) / math.sqrt(d)
-            own_ok = own_real[:, :, c0:c1, None, :].expand(b, h, c1 - c0, blk, blk)
-            if causal:
-                own_ok = own_ok.tril()
-            own_ok = own_ok | torch.eye(blk, dtype=torch.bool, device=q.device)
-            s_own = s_own.masked_fill(~own_ok, float("-inf")).view(b, h, m, blk)
-            p = torch.softmax(torch.cat([s_sel, s_own], -1), -1)
-            o = (p[..., : kk * blk].unsqueeze(-2) @ vsel).squeeze(-2)
-            o = o + (p[..., kk * blk:].view(b, h, c1 - c0, blk, blk) @ v[:, :, rows].view(
-                b, h, c1 - c0, blk, -1)).view(b, h, m, -1)
-            out.append(o)
-        return torch.cat(out, 2)
+        bh = b * h
+        # one view per block (unbind: a single backward op, not one full-size zero tensor per block)
+        kb, vb = k.reshape(bh * nb, blk, d).unbind(0), v.reshape(bh * nb, blk, -1).unbind(0)
+        # pairs (row r = (b, h), slot t, choice) keyed by the chosen block r·nb + c, sorted
+        row = torch.arange(bh, device=q.device).view(bh, 1, 1)
+        key = (row * nb + chosen.reshape(bh, size, kk)).reshape(-1)
+        order = torch.argsort(key, stable=True)
+        unsort = torch.argsort(order)
+        query_of = (row * size + torch.arange(size, device=q.device).view(1, size, 1)).expand(bh, size, kk)
+        q_sorted = q.reshape(bh * size, d).index_select(0, query_of.reshape(-1)[order])
+        counts = torch.bincount(key, minlength=bh * nb).tolist()
+        groups = [(g, part) for g, part in enumerate(q_sorted.split(counts)) if part.shape[0]]
+        s_sorted = torch.cat([part @ kb[g].T for g, part in groups])  # [pairs, B]
+        s_sel = s_sorted.index_select(0, unsort).view(b, h, size, kk * blk) / math.sqrt(d)
+        real = slots.real.view(b, 1, nb, blk)
+        picked_real = real.expand(b, h, nb, blk).reshape(bh * nb, blk).index_select(0, key)
+        keep_sel = picked_real.view(b, h, size, kk, blk) & ok[..., None]
+        if self.selection == "soft":
+            s_sel = s_sel + scores.gather(-1, chosen).repeat_interleave(blk, -1)
+        s_sel = s_sel.masked_fill(~keep_sel.view(b, h, size, kk * blk), float("-inf"))
+        qo = q.view(b, h, nb, blk, d)
+        s_own = qo @ k.view(b, h, nb, blk, d).transpose(-1, -2) / math.sqrt(d)
+        own_ok = real[:, :, :, None, :].expand(b, h, nb, blk, blk)
+        if causal:
+            own_ok = own_ok.tril()
+        own_ok = own_ok | torch.eye(blk, dtype=torch.bool, device=q.device)
+        s_own = s_own.masked_fill(~own_ok, float("-inf")).view(b, h, size, blk)
+        p = torch.softmax(torch.cat([s_sel, s_own], -1), -1)
+        p_sorted = p[..., : kk * blk].reshape(bh * size * kk, blk).index_select(0, order)
+        o_sorted = torch.cat([part @ vb[g] for (g, _), part in
+                              zip(groups, p_sorted.split([c for c in counts if c]))])
+        o_sel = o_sorted.index_select(0, unsort).view(b, h, size, kk, -1).sum(-2)
+        o_own = (p[..., kk * blk:].view(b, h, nb, blk, blk) @ v.view(b, h, nb, blk, -1)).view(b, h, size, -1)
+        return o_sel + o_own
