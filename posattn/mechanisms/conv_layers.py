@@ -13,8 +13,9 @@
   (``depthwise=True``, the "short convolutions" of practice); ``depthwise=False`` shares one
   scalar filter by all channels, as in CAT's theory (Thm 1). Measured (shared/cat-paper.md,
   MQNAR at length 64, bigram keys): a shared filter plateaus at 0.79 accuracy with kernel 3 or
-  5, per-channel filters reach 1.00 in 200 steps. The plateau comes from the sharing, not the
-  kernel length: one scalar pair mixes the two key tokens identically in every channel.
+  5, per-channel filters reach 1.00 in 200 steps (``lincat``: 1.00 per-channel, 0.48 shared).
+  The plateau comes from the sharing, not the kernel length: one scalar pair mixes the two key
+  tokens identically in every channel.
   ``lincat`` and ``landmark_cat`` reuse these convolutions (the ``CAT convolutions`` claim:
   one of them per model).
 """
