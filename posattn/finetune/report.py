@@ -93,7 +93,8 @@ def write_report(suite: Suite, summary: dict[str, Any], out: Path) -> Path:
         note = "; ".join([*c["notes"], *([f"truncated to {c['max_seq_len']} tokens (longest first): "
                                           + ", ".join(f"{v} {k}" for k, v in truncated.items())] if truncated else [])])
         tr = c["training"]
-        lines.append(f"- **{TASKS[t].title}** (`{t}`): {TASKS[t].about}. {sizes}. lr {tr['lr']:g}, batch "
+        about = TASKS[t].about.rstrip(".?") + ("?" if TASKS[t].about.endswith("?") else ".")
+        lines.append(f"- **{TASKS[t].title}** (`{t}`): {about} {sizes}. lr {tr['lr']:g}, batch "
                      f"{tr['batch_size']}, {tr['epochs']:g} epochs"
                      + (f", initialised from the {cfg['intermediate'][t]} model" if t in cfg["intermediate"] else "")
                      + (f". {note}" if note else "") + ".")
