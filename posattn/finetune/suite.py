@@ -21,7 +21,8 @@ from ..errors import PositionError
 from ..tasks import compare
 from ..tasks.compare import _write_json
 from .report import write_plots, write_report
-from .run import Cell, FinetuneConfig, check_encoder, find_checkpoint, fingerprint, run_cell, tokenizer_path
+from .run import (Cell, FinetuneConfig, check_encoder, find_checkpoint, fingerprint, run_cell, task_data,
+                  tokenizer_path)
 from .tasks import GLUE_SUITE, OFFLINE_SUITE, TASKS
 
 DEFAULT_CONFIG = "offline"
@@ -253,10 +254,12 @@ def _run_in_worker(job: tuple[Cell, str, str, int, bool]) -> dict:
 def run_suite(suite: Suite, out: str | Path, workers: int = 1, device: str = "auto", threads: int | None = None,
               progress: bool = True) -> list[dict]:
     """Run every unfinished cell (intermediate sources first), then write results.json, report.md and plots."""
+    start = time.perf_counter()
+    for key in {(c.task, c.glue_dir, c.max_train, c.max_eval) for c in suite.cells}:
+        task_data(*key)                     # a bad task file fails here, before anything is written
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.yaml").write_text(yaml.safe_dump(suite.config, sort_keys=False))
-    start = time.perf_counter()
     if threads is not None:
         torch.set_num_threads(threads)
     waves = [[c for c in suite.cells if c.init_from is None], [c for c in suite.cells if c.init_from is not None]]

@@ -9,6 +9,7 @@ from posattn import cli
 from posattn.finetune import suite as suite_mod
 from posattn.finetune.cli import register
 from posattn.finetune.suite import ConfigError, load_config, validate_config
+from posattn.finetune.tasks import TaskError
 
 from .glue_files import write_glue
 from .helpers import make_checkpoint
@@ -100,3 +101,15 @@ def test_builtin_configs_are_valid(setup, name):
     raw.update(checkpoints=[str(a)], glue_dir=str(root / "glue"))
     suite = validate_config(raw)
     assert suite.cells and len({c.id for c in suite.cells}) == len(suite.cells)
+
+
+def test_bad_task_file_fails_before_anything_is_written(setup, tmp_path):
+    root, a, _ = setup
+    glue = tmp_path / "glue"
+    write_glue(glue, n=12)
+    path = glue / "RTE" / "dev.tsv"
+    path.write_text(path.read_text() + "99\tonly\tthree\n")
+    with pytest.raises(TaskError, match=f"{path}:14: 3 tab-separated columns, expected 4"):
+        finetune(str(a), "--tasks", "sst2", "rte", "--glue-dir", str(glue), "--out", str(tmp_path / "out"),
+                 "--no-progress", "--workers", "1")
+    assert not (tmp_path / "out").exists()
