@@ -200,6 +200,8 @@ def finetune(model: Encoder, task: Task, train: Encoded, valid: Encoded, cfg: Fi
         model.load_state_dict(saved["model"])
         optimizer.load_state_dict(saved["optimizer"])
         torch.set_rng_state(saved["rng"])
+        if device.type == "cuda" and saved.get("cuda_rng") is not None:
+            torch.cuda.set_rng_state(saved["cuda_rng"], device)
         state = saved["state"]
     bar = tqdm(total=total, initial=state["step"], desc=description, disable=not progress or state["done"],
                leave=False, dynamic_ncols=True)
@@ -234,7 +236,8 @@ def finetune(model: Encoder, task: Task, train: Encoded, valid: Encoded, cfg: Fi
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
             _save(path, {"config": asdict(cfg), "model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                         "rng": torch.get_rng_state(), "state": state})
+                         "rng": torch.get_rng_state(),
+                         "cuda_rng": torch.cuda.get_rng_state(device) if device.type == "cuda" else None, "state": state})
     bar.close()
     model.load_state_dict(state["best"])
     return {"steps": state["step"], "total_steps": total, "stopped_early": state["step"] < total,
