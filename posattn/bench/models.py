@@ -64,6 +64,12 @@ def _batch(sizes: Sizes, n: int, causal: bool) -> tuple[torch.Tensor, torch.Tens
     return ids.to(sizes.device), labels.to(sizes.device)
 
 
+def _next_tokens(labels: torch.Tensor) -> torch.Tensor:
+    """Labels shifted left by one, −100 at the end: the loss needs no shifted copy of the
+    logits (as in Hugging Face's causal-LM loss)."""
+    return F.pad(labels[:, 1:], (0, 1), value=-100)
+
+
 def _posattn(kind: str, mechanisms: list[Any], sizes: Sizes, n: int) -> tuple[torch.nn.Module, Loss]:
     cfg = ModelConfig(vocab_size=sizes.vocab, d_model=sizes.d_model, n_layers=sizes.layers,
                       n_heads=sizes.heads, d_ff=sizes.ff, max_len=max(n, sizes.max_len),
@@ -72,12 +78,11 @@ def _posattn(kind: str, mechanisms: list[Any], sizes: Sizes, n: int) -> tuple[to
     causal = kind == "posattn_decoder"
     model = (Decoder if causal else Encoder)(cfg)
     ids, labels = _batch(sizes, n, causal)
+    if causal:
+        labels = _next_tokens(labels)
 
     def loss() -> torch.Tensor:
-        if causal:
-            logits = model(ids)
-            return F.cross_entropy(logits[:, :-1].reshape(-1, sizes.vocab).float(), labels[:, 1:].reshape(-1))
-        logits = model.mlm_logits(model(ids))
+        logits = model(ids) if causal else model.mlm_logits(model(ids))
         return F.cross_entropy(logits.view(-1, sizes.vocab).float(), labels.view(-1), ignore_index=-100)
 
     return model, loss
