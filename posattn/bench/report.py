@@ -31,6 +31,7 @@ MODEL_SPEED = 1.0  # posattn model tokens/s ÷ its Hugging Face peer's
 COLUMNS = [("mechanism", "mechanism", "{}"), ("kind", "kind", "{}"), ("n", "n", "{}"),
            ("batch", "batch", "{}"), ("path", "path", "{}"), ("train_ms", "train ms", "{:.1f}"),
            ("train_ratio", "train ×", "{:.2f}"), ("train_ratio_range", "range", "{0[0]:.2f}–{0[1]:.2f}"),
+           ("train_ratio_min", "min ×", "{:.2f}"),
            ("infer_ms", "infer ms", "{:.1f}"), ("infer_ratio", "infer ×", "{:.2f}"),
            ("peak_mem_mb", "peak MB", "{:.0f}"), ("mem_ratio", "mem ×", "{:.2f}")]
 

@@ -131,6 +131,8 @@ def _rows(n: int, sizes: Sizes, specs: list[CaseSpec], times: dict[CaseSpec, dic
             row[f"{what}_ms"] = median(t) * 1e3 if t else None
             row[f"{what}_ratio"] = median(t) / median(b) if t and b else None
             row[f"{what}_runs_ms"] = [x * 1e3 for x in t] if t else []
+            if t and b:  # ratio of the least disturbed runs (a loaded machine only adds time)
+                row[f"{what}_ratio_min"] = min(t) / min(b)
             if t and b and len(t) == len(b):  # per round: the spread of the ratio
                 per_round = sorted(x / y for x, y in zip(t, b))
                 row[f"{what}_ratio_range"] = [per_round[0], per_round[-1]]
