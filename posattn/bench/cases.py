@@ -7,6 +7,7 @@
   transform, score terms, fast attention and output transform; baseline: plain
   ``scaled_dot_product_attention``. Input-only mechanisms have no op case.
 - ``peer``: another library's layer of the same size (:mod:`.peers`).
+- ``model``: a whole posattn or Hugging Face model's pretraining step (:mod:`.models`).
 
 A training step is forward + backward of the mean square of the output (gradients set to
 None first); inference is a forward under ``torch.no_grad``. Cases are described by plain
