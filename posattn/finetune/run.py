@@ -33,7 +33,7 @@ from ..models import build_model, save
 from ..models.io import CONFIG, WEIGHTS, read_config
 from ..models.transformer import Encoder
 from ..tasks.compare import _write_json
-from ..tasks.train import CHECKPOINT, _batch_indices, _save, resolve_device
+from ..tasks.train import CHECKPOINT, _batch_indices, adamw, atomic_save, resolve_device, rng_state, set_rng_state
 from ..text.tokenizer import FILENAME as TOKENIZER, load_tokenizer
 from . import metrics
 from .batches import Encoded, encode_examples, eval_batches, padded_tokens
@@ -183,10 +183,7 @@ def finetune(model: Encoder, task: Task, train: Encoded, valid: Encoded, cfg: Fi
     """Fine-tune ``model`` on ``train``, keep the weights that score best on ``valid``; resumable."""
     device = resolve_device(device)
     model.to(device).train()
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.dim() < 2]
-    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
-                                   {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr, eps=cfg.adam_eps)
+    optimizer = adamw(model, cfg.lr, cfg.weight_decay, eps=cfg.adam_eps)
     total, every = cfg.total_steps(len(train)), cfg.eval_every(len(train))
     path = checkpoint_dir / CHECKPOINT if checkpoint_dir is not None else None
     state: dict[str, Any] = {"step": 0, "history": [], "done": False, "best": None, "best_score": -math.inf,
@@ -199,9 +196,7 @@ def finetune(model: Encoder, task: Task, train: Encoded, valid: Encoded, cfg: Fi
                                 f"delete it or use another folder")
         model.load_state_dict(saved["model"])
         optimizer.load_state_dict(saved["optimizer"])
-        torch.set_rng_state(saved["rng"])
-        if device.type == "cuda" and saved.get("cuda_rng") is not None:
-            torch.cuda.set_rng_state(saved["cuda_rng"], device)
+        set_rng_state(saved, device)
         state = saved["state"]
     bar = tqdm(total=total, initial=state["step"], desc=description, disable=not progress or state["done"],
                leave=False, dynamic_ncols=True)
@@ -235,9 +230,8 @@ def finetune(model: Encoder, task: Task, train: Encoded, valid: Encoded, cfg: Fi
         bar.set_postfix(loss=round(loss_value, 4), valid=round(valid_score, 4))
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
-            _save(path, {"config": asdict(cfg), "model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                         "rng": torch.get_rng_state(),
-                         "cuda_rng": torch.cuda.get_rng_state(device) if device.type == "cuda" else None, "state": state})
+            atomic_save(path, {"config": asdict(cfg), "model": model.state_dict(),
+                               "optimizer": optimizer.state_dict(), **rng_state(device), "state": state})
     bar.close()
     model.load_state_dict(state["best"])
     return {"steps": state["step"], "total_steps": total, "stopped_early": state["step"] < total,

@@ -11,6 +11,7 @@ import math
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -107,11 +108,32 @@ def _batch_indices(n: int, batch_size: int, step: int, seed: int) -> torch.Tenso
     return torch.cat(parts)
 
 
-def _save(path: Path, state: dict) -> None:
+def atomic_save(path: Path, state: dict) -> None:
     """Atomic write: a crash mid-save never leaves a half checkpoint behind."""
     tmp = path.with_suffix(".tmp")
     torch.save(state, tmp)
     os.replace(tmp, path)
+
+
+def adamw(model: nn.Module, lr: float, weight_decay: float, **options: Any) -> torch.optim.AdamW:
+    """AdamW with weight decay on matrices only (biases, norms and gains exempt), BERT's convention."""
+    decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
+    return torch.optim.AdamW([{"params": decay, "weight_decay": weight_decay},
+                              {"params": no_decay, "weight_decay": 0.0}], lr=lr, **options)
+
+
+def rng_state(device: torch.device) -> dict[str, torch.Tensor | None]:
+    """This process's RNG state (CPU, and the CUDA device's when training there), for a checkpoint."""
+    return {"rng": torch.get_rng_state(),
+            "cuda_rng": torch.cuda.get_rng_state(device) if device.type == "cuda" else None}
+
+
+def set_rng_state(state: dict[str, Any], device: torch.device) -> None:
+    """Restore what :func:`rng_state` saved."""
+    torch.set_rng_state(state["rng"])
+    if device.type == "cuda" and state.get("cuda_rng") is not None:
+        torch.cuda.set_rng_state(state["cuda_rng"], device)
 
 
 def train(model: nn.Module, data: TaskData, cfg: TrainConfig, *, valid: TaskData | None = None,
@@ -126,10 +148,7 @@ def train(model: nn.Module, data: TaskData, cfg: TrainConfig, *, valid: TaskData
     """
     device = resolve_device(device)
     model.to(device).train()
-    decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
-    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
-                                   {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr)
+    optimizer = adamw(model, cfg.lr, cfg.weight_decay)
     path = Path(checkpoint_dir) / CHECKPOINT if checkpoint_dir is not None else None
     step, history, done, loss_value = 0, [], False, None
     torch.manual_seed(cfg.seed)
@@ -140,18 +159,15 @@ def train(model: nn.Module, data: TaskData, cfg: TrainConfig, *, valid: TaskData
                              f"delete it or use another folder")
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
-        torch.set_rng_state(state["rng"])
-        if device.type == "cuda" and state.get("cuda_rng") is not None:
-            torch.cuda.set_rng_state(state["cuda_rng"], device)
+        set_rng_state(state, device)
         step, history, done, loss_value = state["step"], state["history"], state["done"], state["loss"]
 
     def checkpoint() -> None:
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
-            _save(path, {"config": asdict(cfg), "model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                         "rng": torch.get_rng_state(),
-                         "cuda_rng": torch.cuda.get_rng_state(device) if device.type == "cuda" else None,
-                         "step": step, "history": history, "done": done, "loss": loss_value})
+            atomic_save(path, {"config": asdict(cfg), "model": model.state_dict(),
+                               "optimizer": optimizer.state_dict(), **rng_state(device), "step": step,
+                               "history": history, "done": done, "loss": loss_value})
 
     def reached(acc: float) -> bool:
         return cfg.target_accuracy is not None and acc >= cfg.target_accuracy

@@ -27,7 +27,7 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from ..errors import PositionError
-from .sources import Document, sentences, split_of
+from .sources import VALID_FRACTION, Document, sentences, split_of
 from .tokenizer import FILENAME, encode, load_tokenizer, special_ids, train_tokenizer
 
 FORMAT = "posattn-corpus"
@@ -78,7 +78,7 @@ def build_corpus(documents: list[Document], out: str | Path, tokenizer: str | Pa
     empty = [s for s, docs in parts.items() if not any(d.text.strip() for d in docs)]
     if not documents or empty:
         raise PositionError(f"corpus {out}: no text in the {' and '.join(empty or SPLITS)} split "
-                            f"({len(documents)} documents given; about {100 * 0.05:.0f}% of documents go "
+                            f"({len(documents)} documents given; about {100 * VALID_FRACTION:.0f}% of documents go "
                             f"to validation, so give at least a few dozen)")
     tok = load_tokenizer(tokenizer) if tokenizer else train_tokenizer(
         (d.text for d in parts["train"]), kind, vocab_size)

@@ -18,7 +18,7 @@ import importlib.util
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable, Iterator, Sequence
 
 from ..errors import PositionError
 
@@ -130,7 +130,7 @@ def saved_dataset(folder: str | Path, column: str = "text", split: str | None = 
     return [Document(f"hf:{name}", str(i), text) for i, text in enumerate(data[column]) if text and text.strip()]
 
 
-def load_documents(sources: list[str] = list(DEFAULT_SOURCES)) -> list[Document]:
+def load_documents(sources: Sequence[str] = DEFAULT_SOURCES) -> list[Document]:
     """Documents of the named built-in sources, in order."""
     unknown = [s for s in sources if s not in BUILTIN]
     if unknown:

@@ -60,9 +60,13 @@ def mlm_instances(split: Split, length: int, rng: np.random.Generator) -> np.nda
     target_max = length - 3
     spans, docs = np.asarray(split.sentences), np.asarray(split.documents)
     out: list[tuple[int, int, int, int]] = []
+
+    def draw_target() -> int:  # BERT: 10% of instances get a random shorter target length
+        return target_max if rng.random() >= SHORT_PROB else int(rng.integers(2, target_max + 1))
+
     for d in range(len(docs) - 1):
         first, last = int(docs[d]), int(docs[d + 1])
-        target = target_max if rng.random() >= SHORT_PROB else int(rng.integers(2, target_max + 1))
+        target = draw_target()
         chunk: list[int] = []
         size = 0
         for s in range(first, last):
@@ -74,7 +78,7 @@ def mlm_instances(split: Split, length: int, rng: np.random.Generator) -> np.nda
                 b0, b1 = (int(spans[chunk[cut], 0]), int(spans[chunk[-1], 1])) if cut < len(chunk) else (a1, a1)
                 out.append(_truncate(a0, a1, b0, b1, target_max))
                 chunk, size = [], 0
-                target = target_max if rng.random() >= SHORT_PROB else int(rng.integers(2, target_max + 1))
+                target = draw_target()
     return np.asarray(out, np.int64).reshape(-1, 4)
 
 

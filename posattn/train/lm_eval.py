@@ -26,6 +26,7 @@ from ..models.io import WEIGHTS, read_config
 from ..models.transformer import Transformer, build_model
 from ..text.corpus import Corpus, open_corpus
 from ..text.tokenizer import FILENAME, load_tokenizer, special_ids
+from ..tasks.train import resolve_device
 from .data import Batches
 from .plots import plot_lengths
 from .pretrain import RUN_CONFIG, evaluate
@@ -64,7 +65,7 @@ def subject(path: str | Path, corpus: str | Path | None = None, label: str | Non
     if config["vocab_size"] != opened.vocab_size:
         raise PositionError(f"{folder}: the model's vocabulary ({config['vocab_size']}) does not match the corpus "
                             f"{opened.folder} ({opened.vocab_size})")
-    name = label or (path.name if folder != path else path.parent.name if path.name == "model" else path.name)
+    name = label or (path.parent.name if folder.name == "model" and folder == path else path.name)
     return Subject(name, folder, config, opened)
 
 
@@ -108,7 +109,7 @@ def length_sweep(subjects: list[Subject], multipliers: list[float] | None = None
         raise PositionError(f"--rope-scaling must be one of {', '.join(SCALINGS)}, got {rope_scaling!r}")
     if factor is not None and factor < 1:
         raise PositionError(f"--factor must be >= 1, got {factor}")
-    dev = torch.device("cuda" if device == "auto" and torch.cuda.is_available() else "cpu" if device == "auto" else device)
+    dev = resolve_device(device)
     jobs = []
     for s in subjects:
         train_length = s.config["max_len"]

@@ -36,6 +36,7 @@ from ..models.io import save
 from ..models.transformer import MODEL_KINDS, Transformer
 from ..text.corpus import Corpus, build_corpus, open_corpus
 from ..text.sources import load_documents
+from ..tasks.train import adamw, atomic_save, resolve_device, rng_state, set_rng_state
 from ..text.tokenizer import FILENAME, special_ids
 from .config import PretrainConfig
 from .data import Batch, Batches
@@ -68,9 +69,7 @@ def init_world(device: str) -> tuple[World, torch.device]:
     """Read torchrun's environment; start the process group (NCCL on CUDA, gloo on CPU)."""
     size = int(os.environ.get("WORLD_SIZE", "1"))
     world = World(int(os.environ.get("RANK", "0")), size, int(os.environ.get("LOCAL_RANK", "0")))
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    dev = torch.device(device)
+    dev = resolve_device(device)
     if dev.type == "cuda" and dev.index is None:
         dev = torch.device("cuda", world.local_rank if size > 1 else torch.cuda.current_device())
     if size > 1 and not dist.is_initialized():
@@ -151,15 +150,9 @@ def _check_resume(state: dict[str, Any], cfg: PretrainConfig, corpus: Corpus, pa
                             f"now {corpus.fingerprint} in {corpus.folder}); nothing was overwritten")
 
 
-def _atomic_save(obj: Any, path: Path) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
-
-
 def _gather_rng(world: World, device: torch.device) -> list[Any]:
     """Every rank's RNG states (dropout streams), gathered on all ranks."""
-    mine = {"cpu": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None}
+    mine = rng_state(device)
     if world.size == 1:
         return [mine]
     out: list[Any] = [None] * world.size
@@ -171,9 +164,7 @@ def _set_rng(states: list[Any], world: World, device: torch.device) -> None:
     if len(states) != world.size:
         raise PositionError(f"the checkpoint was written by {len(states)} processes, this run has {world.size}; "
                             f"resume with the same number of processes")
-    torch.set_rng_state(states[world.rank]["cpu"])
-    if device.type == "cuda" and states[world.rank]["cuda"] is not None:
-        torch.cuda.set_rng_state(states[world.rank]["cuda"], device)
+    set_rng_state(states[world.rank], device)
 
 
 def _rewrite_metrics(path: Path, upto: int) -> list[dict[str, Any]]:
@@ -238,10 +229,7 @@ def pretrain(cfg: PretrainConfig, out: str | Path, *, device: str = "auto", prog
         raise PositionError(f"corpus {corpus.folder}: the valid split is too short for one sequence of {cfg.length}")
     model.context(valid_data[0].input_ids[:1].to(dev), None, None, None)  # a length the mechanisms refuse fails here
 
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    rest = [p for p in model.parameters() if p.dim() < 2]
-    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
-                                   {"params": rest, "weight_decay": 0.0}], lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps)
+    optimizer = adamw(model, cfg.lr, cfg.weight_decay, betas=tuple(cfg.betas), eps=cfg.eps)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, cfg.lr_factor)
     amp, scaled = autocast(cfg.precision, dev)
     scaler = torch.amp.GradScaler(dev.type, enabled=scaled)
@@ -272,10 +260,10 @@ def pretrain(cfg: PretrainConfig, out: str | Path, *, device: str = "auto", prog
     def checkpoint() -> None:
         rng = _gather_rng(world, dev)
         if world.main:
-            _atomic_save({"config": cfg.to_dict(), "corpus": corpus.fingerprint, "model": model.state_dict(),
+            atomic_save(path, {"config": cfg.to_dict(), "corpus": corpus.fingerprint, "model": model.state_dict(),
                           "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
                           "scaler": scaler.state_dict(), "rng": rng, "step": step, "elapsed": elapsed,
-                          "tokens": tokens_seen, "data_seconds": data_seconds}, path)
+                          "tokens": tokens_seen, "data_seconds": data_seconds})
             save(model, out / "model")
             corpus.tokenizer.save(str(out / "model" / FILENAME))
         world.barrier()

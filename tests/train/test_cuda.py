@@ -8,12 +8,9 @@ from posattn.train.config import parse
 from posattn.train.pretrain import pretrain
 
 from .conftest import read_weights, tiny
+from .test_pretrain import Interrupt, stop_at
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-
-
-class Interrupt(Exception):
-    pass
 
 
 def test_bf16_run_on_cuda_resumes_exactly(corpus, tmp_path):
@@ -21,12 +18,8 @@ def test_bf16_run_on_cuda_resumes_exactly(corpus, tmp_path):
     whole = pretrain(cfg, tmp_path / "whole", device="cuda", progress=False)
     assert whole["device"].startswith("cuda")
 
-    def stop(step):
-        if step == 3:
-            raise Interrupt
-
     with pytest.raises(Interrupt):
-        pretrain(cfg, tmp_path / "cut", device="cuda", progress=False, on_step=stop)
+        pretrain(cfg, tmp_path / "cut", device="cuda", progress=False, on_step=stop_at(3))
     pretrain(cfg, tmp_path / "cut", device="cuda", progress=False)
     a, b = read_weights(tmp_path / "whole"), read_weights(tmp_path / "cut")
     # CUDA kernels may be non-deterministic (atomics in backward): equal up to float noise
