@@ -9,7 +9,8 @@ the term structures, the device and the length, never from a mechanism's name:
   flash kernel needs; the width is rounded up to a multiple of 8), so SDPA keeps its fused
   kernel. A :class:`Toeplitz` term with a ``causal_form`` uses that low-rank form under a
   causal mask. With no padding the causal case runs with ``is_causal`` (no mask tensor).
-- ``dense``: short inputs (n ≤ ``Policy.dense_max_n``), non-CPU devices without FlexAttention,
+- ``dense``: short inputs (n ≤ ``Policy.dense_max_n``; for Toeplitz tables that need a
+  gradient n ≤ ``dense_grad_max_n``), non-CPU devices without FlexAttention,
   and dropout: every other term summed into one bias handed to SDPA (query-relative terms
   gathered from q·Wᵀ, never Shaw's n×n×d tensor). Position-only biases that need no gradient
   (ALiBi; any table, and wide low-rank terms such as DIET-ABS's P_Q P_Kᵀ, at inference) come
@@ -19,7 +20,9 @@ the term structures, the device and the length, never from a mechanism's name:
   (clipped tables, query/key-relative terms): :mod:`.banded`, linear memory. Chosen for
   query/key-relative terms, and for clipped tables that need a gradient at n ≥ ``band_min_n``.
 - ``flash_bias`` (CPU): everything else at n > ``dense_max_n`` (full Toeplitz tables, dense
-  terms; and tables at inference, where its forward is the fused kernel with a bias *view*):
+  terms; and tables at inference, where its forward is the fused kernel with a bias *view*), and
+  tables that need a gradient from ``dense_grad_max_n`` on (at n = 512 its chunked backward costs
+  ~1.35× the fused kernel against ~1.9× for SDPA's math path on a dense bias):
   :mod:`.flash_bias`, linear memory beyond the terms themselves.
 
 The thresholds are CPU measurements (``posattn bench``; 2 threads, head dim 64): the fused
@@ -41,7 +44,7 @@ from .banded import BandGeometry, banded_attention
 from .cache import POSITION_CACHE
 from .flash_bias import BiasGeometry, ChunkFn, flash_bias_attention, relative_chunk
 from .masking import allowed_mask
-from .terms import LowRank, QueryRelative, Term, Toeplitz
+from .terms import Dense, LowRank, QueryRelative, Term, Toeplitz
 
 Path = Literal["sdpa", "dense", "banded", "flash_bias", "flex"]
 
@@ -51,6 +54,7 @@ class Policy:
     """How :func:`attend` chooses and sizes its algorithms (see :func:`policy_for`)."""
 
     dense_max_n: int = 512  # at or below: one dense bias into SDPA
+    dense_grad_max_n: int = 256  # ... but Toeplitz tables that need a gradient: flash-bias above this
     band_fraction: float = 0.25  # banded only when the band 2w + 1 is at most this fraction of n
     band_min_n: int = 4096  # ... and, for Toeplitz-only terms that need a gradient, n this long
     band_chunk: int | None = None  # query rows per band block; None: max(64, 2w)
@@ -65,7 +69,7 @@ class Policy:
 
 
 CPU_POLICY = Policy()
-OTHER_POLICY = Policy(dense_max_n=1 << 30, low_rank_dense_max_n=0)
+OTHER_POLICY = Policy(dense_max_n=1 << 30, dense_grad_max_n=1 << 30, low_rank_dense_max_n=0)
 _OVERRIDE: list[Policy] = []
 
 
@@ -141,7 +145,7 @@ def plan(q: Tensor, terms: list[Term], causal: bool, dropout: float = 0.0, train
          policy: Policy | None = None) -> Path:
     """The algorithm :func:`attend` uses for these arguments."""
     policy = policy or policy_for(q.device)
-    terms = _resolve(terms, causal)
+    terms = _resolve(terms, causal, q, policy)
     rest = [t for t in terms if not isinstance(t, LowRank)]
     low = [t for t in terms if isinstance(t, LowRank)]
     n = q.shape[-2]
@@ -161,10 +165,11 @@ def plan(q: Tensor, terms: list[Term], causal: bool, dropout: float = 0.0, train
         return policy.force
     if policy.force == "banded" and banded_ok:
         return "banded"
-    if n <= policy.dense_max_n:
+    grads = _needs_grad(_term_tensors(rest))
+    learned_positions = grads and _position_only(rest) and n > policy.dense_grad_max_n
+    if n <= policy.dense_max_n and not learned_positions:
         return "dense"
     relative = any(isinstance(t, QueryRelative) for t in rest)
-    grads = _needs_grad(_term_tensors(rest))
     if banded_ok and (relative or (grads and n >= policy.band_min_n)):
         return "banded"
     return "flash_bias"
@@ -182,10 +187,21 @@ def _low_rank_as_bias(q: Tensor, low: list[LowRank], policy: Policy) -> bool:
     return _position_only(list(low)) and h * n * n * q.element_size() <= policy.dense_cache_bytes
 
 
-def _resolve(terms: list[Term], causal: bool) -> list[Term]:
-    """Toeplitz terms with an equivalent causal (low-rank) form use it under a causal mask."""
-    return [t.causal_form if causal and isinstance(t, Toeplitz) and t.causal_form is not None else t
-            for t in terms]
+def _resolve(terms: list[Term], causal: bool, q: Tensor, policy: Policy) -> list[Term]:
+    """Toeplitz terms with an equivalent causal (low-rank) form use it under a causal mask.
+    Wide position-only low-rank terms that learn (DIET-ABS, TUPE), on CPU beyond
+    ``low_rank_dense_max_n`` and ``dense_grad_max_n`` up to ``dense_max_n``, become one batch-free [1, h, n, n] bias for
+    flash-bias: folding them would double every head's width in the fused kernel."""
+    terms = [t.causal_form if causal and isinstance(t, Toeplitz) and t.causal_form is not None else t
+             for t in terms]
+    low = [t for t in terms if isinstance(t, LowRank)]
+    n = q.shape[-2]
+    shortest = max(policy.low_rank_dense_max_n, policy.dense_grad_max_n)
+    if (q.device.type == "cpu" and shortest < n <= policy.dense_max_n and low
+            and sum(t.u.shape[-1] for t in low) >= policy.low_rank_dense_min
+            and _needs_grad(_term_tensors(list(low))) and _position_only(list(low))):
+        return [t for t in terms if not isinstance(t, LowRank)] + [Dense(_dense_bias(list(low), n))]
+    return terms
 
 
 def _flex_available() -> bool:
@@ -204,7 +220,7 @@ def attend(
     """Attention output [b, h, n, d_v], equal to :func:`posattn.attention.reference.attend`."""
     policy = policy or policy_for(q.device)
     path = plan(q, terms, causal, dropout, training, policy)
-    terms = _resolve(terms, causal)
+    terms = _resolve(terms, causal, q, policy)
     low = [t for t in terms if isinstance(t, LowRank)]
     rest = [t for t in terms if not isinstance(t, LowRank)]
     scale = 1.0 / math.sqrt(q.shape[-1])

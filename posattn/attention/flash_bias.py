@@ -18,6 +18,7 @@ Padding, or terms other than one Toeplitz table, materialize the bias per chunk 
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -157,6 +158,14 @@ class _Masks:
         return torch.zeros(c, c, dtype=self.dtype, device=self.device).masked_fill_(j < c - 1 - i, NEG)
 
 
+def _product(scratch: Tensor, a: Tensor, b: Tensor) -> Tensor:
+    """a @ b written into the front of the flat buffer ``scratch``: a chunk's [b, h, rows, n]
+    products reuse one allocation per backward call, because on CPU the page faults of a fresh
+    chunk-sized tensor cost about as much as the matmul that fills it."""
+    shape = (*torch.broadcast_shapes(a.shape[:-2], b.shape[:-2]), a.shape[-2], b.shape[-1])
+    return torch.matmul(a, b, out=scratch[:math.prod(shape)].view(shape))
+
+
 def _merge(o1: Tensor, l1: Tensor, o2: Tensor, l2: Tensor) -> tuple[Tensor, Tensor]:
     lse = torch.logaddexp(l1, l2)
     return torch.exp(l1 - lse)[..., None] * o1 + torch.exp(l2 - lse)[..., None] * o2, lse
@@ -216,12 +225,13 @@ class FlashBias(torch.autograd.Function):
         leaves = [x.detach().requires_grad_(w) for x, w in zip(extra_inputs, want_extra)]
         dextra: list[Tensor | None] = [None] * len(extra_inputs)
         rows = _chunk_rows(geo.grad_chunk, geo, b * h * n, True)
+        s_buf, ds_buf = (q.new_empty(b * h * min(rows, n) * n) for _ in range(2))
         for i0 in range(0, n, rows):
             i1 = min(n, i0 + rows)
             c, j0 = i1 - i0, masks.key_start(i1)
             qc, doc = q[:, :, i0:i1], do[:, :, i0:i1]
             k_, v_ = kr[:, :, j0:], vr[:, :, j0:]
-            s = torch.matmul(qc, k_.transpose(-1, -2))
+            s = _product(s_buf, qc, k_.transpose(-1, -2))
             if masks.materialize:
                 with torch.enable_grad():
                     mask = masks.build(leaves, i0, i1, j0)
@@ -231,7 +241,7 @@ class FlashBias(torch.autograd.Function):
                 if geo.causal:
                     s[..., :c] += masks.triangle(c)
             p = s.sub_(lse[..., i0:i1, None]).exp_()
-            ds = torch.matmul(doc, v_.transpose(-1, -2)).sub_(d[..., i0:i1, None]).mul_(p)
+            ds = _product(ds_buf, doc, v_.transpose(-1, -2)).sub_(d[..., i0:i1, None]).mul_(p)
             dq[:, :, i0:i1] = torch.matmul(ds, k_)
             dkr[:, :, j0:] += torch.matmul(ds.transpose(-1, -2), qc)
             dvr[:, :, j0:] += torch.matmul(p.transpose(-1, -2), doc)

@@ -20,7 +20,7 @@ def relative_index(n: int, device: torch.device) -> Tensor:
 
 def batch_free(t: Tensor) -> bool:
     """True when every batch row of t is the same, so one batch row serves the batch."""
-    return t.shape[0] == 1 or bool(torch.equal(t, t[:1].expand_as(t)))
+    return t.shape[0] == 1 or t.stride(0) == 0 or bool(torch.equal(t, t[:1].expand_as(t)))
 
 
 class Term:

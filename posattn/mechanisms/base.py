@@ -31,6 +31,8 @@ from torch import Tensor, nn
 
 from ..errors import PositionError
 
+from ..attention.terms import batch_free
+
 if TYPE_CHECKING:
     from ..attention.terms import Term
 
@@ -67,6 +69,13 @@ class Context:
     @property
     def n(self) -> int:
         return self.positions.shape[-1]
+
+    @property
+    def row_positions(self) -> Tensor:
+        """Position ids [1, n] when every batch row has the same ones (the usual case), else
+        [b, n]: tables read at these rows once serve the batch, and their backward is one
+        row's scatter instead of the batch's."""
+        return self.positions[:1] if batch_free(self.positions) else self.positions
 
     def cached(self, key: Any, fn: Callable[[], Any]) -> Any:
         """Compute ``fn()`` once per forward pass for ``key`` (e.g. a table shared by layers)."""

@@ -50,7 +50,7 @@ class DietAbs(Mechanism):
         max_len_check(self, int(ctx.positions.max()) + 1, self.p_q.shape[1])
 
     def score_terms(self, q: Tensor, k: Tensor, ctx: Context) -> list[Term]:
-        pos = ctx.positions  # rows of P_Q, P_K at the input's position ids: [heads, b, n, r]
+        pos = ctx.row_positions  # rows of P_Q, P_K at the input's position ids: [heads, b|1, n, r]
         return [LowRank(u=self.p_q[:, pos].transpose(0, 1).to(q.dtype),
                         v=self.p_k[:, pos].transpose(0, 1).to(q.dtype))]
 

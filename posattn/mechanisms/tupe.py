@@ -56,7 +56,7 @@ class TUPE(Mechanism):
 
     def score_terms(self, q: Tensor, k: Tensor, ctx: Context) -> list[Term]:
         n, h = ctx.n, self.dims.n_heads
-        p = self.positions(ctx.positions)  # [b, n, d]
+        p = self.positions(ctx.row_positions)  # [b|1, n, d]
         b = p.shape[0]
         u = self.u_q(p).view(b, n, h, -1).transpose(1, 2) / math.sqrt(2.0 * self.dims.head_dim)
         v = self.u_k(p).view(b, n, h, -1).transpose(1, 2)

@@ -188,6 +188,41 @@ def test_wide_low_rank_terms_as_dense_bias_in_training(causal: bool, pad: bool) 
     compare(q, k, v, [LowRank(u, w), t3], [q, k, v, u, w, p3], keep, causal, policy, "dense")
     assert plan(q, [LowRank(u[..., :4], w[..., :4])], causal, policy=policy) == "sdpa"
     assert plan(q, [LowRank(u, w)], causal, policy=Policy(low_rank_dense_max_n=32)) == "sdpa"
+    # longer (here: beyond 16), position-only and learned: one batch-free bias on flash-bias
+    longer = Policy(low_rank_dense_max_n=16, dense_grad_max_n=16, flash_chunk=16, grad_chunk=8)
+    u1 = rand(1, h, n, 20, seed=6)
+    compare(q, k, v, [LowRank(u1, w)], [q, k, v, u1, w], keep, causal, longer, "flash_bias")
+    compare(q, k, v, [LowRank(u1, w), t3], [q, k, v, u1, w, p3], keep, causal, longer, "flash_bias")
+    assert plan(q, [LowRank(u, w)], causal, policy=longer) == "sdpa"  # per batch row: folded
+
+
+@pytest.mark.parametrize("spec", ["diet_abs", "tupe", "t5"])
+def test_learned_position_biases_at_pretraining_length(spec: str) -> None:
+    """Models whose position terms learn take flash-bias past ``dense_grad_max_n`` (DIET-ABS,
+    TUPE as one batch-free P_Q P_Kᵀ bias; T5's table), equal to the reference with padding."""
+    ids = torch.randint(0, 23, (2, N), generator=torch.Generator().manual_seed(2))
+    keep = keep_mask(2, N)
+    ref = build(spec, False, "reference")
+    h_ref = ref.hidden(ids, None, keep)
+    g_ref = torch.autograd.grad((h_ref * keep[..., None]).pow(2).sum(), list(ref.parameters()), allow_unused=True)
+    m = build(spec, False, "fast")
+    policy = Policy(low_rank_dense_max_n=16, dense_grad_max_n=16, low_rank_dense_min=4, flash_chunk=16,
+                    grad_chunk=8)
+    chosen: list[str] = []
+    real_plan = fast.plan
+    fast.plan = lambda *a, **kw: chosen.append(real_plan(*a, **kw)) or chosen[-1]  # type: ignore[assignment]
+    try:
+        with using(policy):
+            h = m.hidden(ids, None, keep)
+    finally:
+        fast.plan = real_plan  # type: ignore[assignment]
+    assert set(chosen) == {"flash_bias"}
+    assert_close(h * keep[..., None], h_ref * keep[..., None], "hidden states")
+    g = torch.autograd.grad((h * keep[..., None]).pow(2).sum(), list(m.parameters()), allow_unused=True)
+    for (name, _), a, b in zip(m.named_parameters(), g, g_ref):
+        if b is not None:
+            assert a is not None, f"{name} gets no gradient"
+            assert_close(a, b, f"gradient of {name}")
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["enc", "dec"])
@@ -231,6 +266,12 @@ def test_plan_by_length_and_structure() -> None:
             assert plan(q, [Toeplitz(table, window=8)], False) == full
     q = torch.zeros(1, h, 2048, 8)
     assert plan(q, [Toeplitz(torch.zeros(h, 4095, requires_grad=True), window=8)], False) == "flash_bias"
+    q = torch.zeros(1, h, 512, 8)  # pretraining length: tables that learn take flash-bias, the rest dense
+    table = torch.zeros(h, 1023, requires_grad=True)
+    assert plan(q, [Toeplitz(table, window=8)], False) == "flash_bias"
+    assert plan(q, [Toeplitz(table), QueryRelative(q, torch.zeros(17, 8), 8, 1.0)], False) == "dense"
+    with torch.no_grad():
+        assert plan(q, [Toeplitz(table)], False) == "dense"
     q = torch.zeros(1, h, 4096, 8)
     assert plan(q, [Toeplitz(torch.zeros(h, 8191), window=1500)], False) == "flash_bias"
 
@@ -407,6 +448,8 @@ def test_low_rank_position_terms_cached_at_inference() -> None:
     trainable = [LowRank(low[0].u.requires_grad_(), low[0].v)]
     assert plan(q, trainable, False) == "dense"
     assert plan(q, trainable, False, policy=Policy(low_rank_dense_max_n=16)) == "sdpa"
+    # at pretraining length a learned position-only P_Q P_Kᵀ is one batch-free bias for flash-bias
+    assert plan(q, trainable, False, policy=Policy(low_rank_dense_max_n=16, dense_grad_max_n=16)) == "flash_bias"
     assert h.requires_grad
 
 
