@@ -3,7 +3,7 @@
 The layer knows the four hooks of :class:`posattn.mechanisms.base.Mechanism` and the term
 structures of :mod:`.terms`, never a mechanism's name:
 
-    q, k, v = split(x W_QKV)
+    q, k, v = split(x W_QKV)                    # minus the heads a mechanism supplies itself
     for m in mechanisms: q, k, v = m.transform_qkv(q, k, v)
     terms   = [t for m in mechanisms for t in m.score_terms(q, k)]
     o       = attend(q, k, v, terms)            # reference or fast path,
@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from typing import Literal
 
+import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..errors import PositionError
@@ -51,11 +53,24 @@ class Attention(nn.Module):
         self.qkv = nn.Linear(dims.d_model, 3 * dims.d_model, bias=bias)
         self.out = nn.Linear(dims.d_model, dims.d_model, bias=bias)
 
+    def linear_qkv(self, x: Tensor) -> list[Tensor]:
+        """x W_QKV as q, k, v [b, h', n, d_h], without the last heads that a mechanism supplies
+        itself (:meth:`Mechanism.own_heads`): those rows of W_QKV are never computed."""
+        b, n, d = x.shape
+        h, hd = self.dims.n_heads, self.dims.head_dim
+        own = [max((m.own_heads().get(t, 0) for m in self.mechanisms), default=0) for t in "qkv"]
+        if not any(own):
+            return list(self.qkv(x).view(b, n, 3, h, hd).permute(2, 0, 3, 1, 4))
+        widths = [(h - c) * hd for c in own]
+        w, bias = self.qkv.weight, self.qkv.bias
+        rows = [slice(i * d, i * d + width) for i, width in enumerate(widths)]
+        y = F.linear(x, torch.cat([w[r] for r in rows]),
+                     None if bias is None else torch.cat([bias[r] for r in rows]))
+        return [part.view(b, n, -1, hd).transpose(1, 2) for part in y.split(widths, -1)]
+
     def project(self, x: Tensor, ctx: Context) -> tuple[Tensor, Tensor, Tensor]:
         """q, k, v as [b, h, n, d_h] after every mechanism's q/k/v transform."""
-        b, n, _ = x.shape
-        h = self.dims.n_heads
-        q, k, v = self.qkv(x).view(b, n, 3, h, -1).permute(2, 0, 3, 1, 4)
+        q, k, v = self.linear_qkv(x)
         ctx.x = x
         for m in self.mechanisms:
             q, k, v = m.transform_qkv(q, k, v, ctx)

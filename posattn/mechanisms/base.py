@@ -129,6 +129,12 @@ class Mechanism(nn.Module):
     def fail(self, reason: str) -> PositionError:
         return PositionError(f"{self.name}: {reason}")
 
+    def own_heads(self) -> dict[str, int]:
+        """{"q" | "k" | "v": c}: :meth:`transform_qkv` supplies the last c heads of these itself,
+        so the layer does not compute those rows of its linear projection (and may hand this
+        mechanism h − c heads instead of h)."""
+        return {}
+
     # -- hooks ---------------------------------------------------------------------------------
     def embed(self, x: Tensor, ctx: Context) -> Tensor:
         return x

@@ -5,7 +5,8 @@
 - ``conv_qkv`` (Chang §5): in a fraction of the heads (default half), a depthwise-separable
   convolution of the layer input (depthwise conv, then pointwise projection) replaces the
   linear Q/K and/or V projection; kernel 9 as in ConvBERT (Jiang et al. 2020). The linear
-  projection's rows for those heads stay in the layer but receive no gradient.
+  projection's rows for those heads stay in the layer but are never computed (``own_heads``)
+  and receive no gradient.
 - ``cat`` (CAT; see shared/cat-paper.md): filters F_q, F_k, F_v convolved along the sequence
   with Q, K, V: Q = F_q ∗ (XW_q), i.e. (F ∗ X)W for a filter shared by channels; causal in a
   decoder, centered in an encoder; optional ℓ2 row-norm of Q and K with a learned temperature.
@@ -90,13 +91,16 @@ class ConvQKV(Mechanism):
     def validate(cls, options: dict, others: list[str], dims: Dims) -> None:
         check_targets(options.get("targets", "qkv"), "qkv", "conv_qkv")
 
+    def own_heads(self) -> dict[str, int]:
+        return {t: self.n_conv for t in self.targets}
+
     def transform_qkv(self, q: Tensor, k: Tensor, v: Tensor, ctx: Context) -> tuple[Tensor, Tensor, Tensor]:
         assert ctx.x is not None
         out = {"q": q, "k": k, "v": v}
-        c = self.n_conv
-        for t in self.targets:
+        c, h = self.n_conv, self.dims.n_heads
+        for t in self.targets:  # the linear heads: all h − c of them when the layer skipped the rest
             conv = self.pointwise[t](depthwise_conv1d(ctx.x, self.depthwise[t], ctx.causal, ctx.keep))
-            out[t] = torch.cat([out[t][:, : -c], channels_to_heads(conv, c).to(q.dtype)], 1)
+            out[t] = torch.cat([out[t][:, : h - c], channels_to_heads(conv, c).to(q.dtype)], 1)
         return out["q"], out["k"], out["v"]
 
 

@@ -438,6 +438,18 @@ def test_conv_qkv_replaces_half_of_the_heads():
         assert (a[:, 2:] - b[:, 2:]).abs().min() > 0  # convolutional heads replaced
 
 
+def test_conv_qkv_heads_are_not_projected_linearly():
+    """The layer skips the W_QKV rows of the heads conv_qkv supplies (own_heads): q and k come
+    out with h − c linear heads, v with all h, and the skipped rows get exactly no gradient."""
+    m = model([{"name": "conv_qkv", "targets": "qk"}], seed=0)
+    attn = m.blocks[0].attn
+    x = torch.randn(2, 9, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    assert [t.shape[1] for t in attn.linear_qkv(x)] == [2, 2, 4]
+    run(m, tokens(2, 9)).pow(2).sum().backward()
+    rows = attn.qkv.weight.grad.view(3, 4, 4, 16).abs().sum((-1, -2))  # [q|k|v, head]
+    assert (rows[:2, 2:] == 0).all() and (rows[:2, :2] > 0).all() and (rows[2] > 0).all()
+
+
 @pytest.mark.parametrize("causal", [False, True])
 def test_fast_and_reference_agree_on_long_clipped_inputs(causal):
     """n beyond every window (kernel 17, t5 max distance) on the Toeplitz/relative families."""
