@@ -7,6 +7,7 @@ import json
 import sys
 
 from .errors import PositionError
+from .heap import keep_freed_memory
 
 AREAS = ["posattn.tasks.cli", "posattn.train.cli", "posattn.bench.cli", "posattn.analysis.cli", "posattn.finetune.cli"]
 
@@ -52,6 +53,7 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    keep_freed_memory()  # large CPU tensors reuse freed memory instead of page-faulting (posattn.heap)
     try:
         args.func(args)
     except PositionError as e:

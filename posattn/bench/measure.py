@@ -23,6 +23,7 @@ from typing import Any, Callable
 import torch
 
 from ..attention import fast
+from ..heap import child_environment
 from .cases import Case, CaseSpec, Sizes, make_case
 
 
@@ -118,7 +119,7 @@ def measure_memory(specs: list[CaseSpec], sizes: Sizes, threads: int, timeout: f
         return _cuda_memory(specs, sizes)
     if not memory_supported() or not specs:
         return {}
-    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536",
+    env = {**child_environment(), "MALLOC_MMAP_THRESHOLD_": "65536",
            "PYTHONPATH": os.pathsep.join(filter(None, [str(Path(__file__).resolve().parents[2]),
                                                        os.environ.get("PYTHONPATH")]))}
     job = {"threads": threads, "sizes": asdict(sizes), "cases": [asdict(s) for s in specs],
