@@ -124,7 +124,9 @@ def save_json(rows: list[dict[str, Any]], path: Path) -> None:
 
 
 PANELS = (("train_ratio", "training step ÷ plain SDPA"), ("infer_ratio", "inference ÷ plain SDPA"),
+          ("tokens_per_s", "training tokens/s (whole models)"),
           ("peak_mem_mb", "peak extra memory of a training step (MB)"))
+RATIOS = ("train_ratio", "infer_ratio")
 
 
 def plot(rows: list[dict[str, Any]], path: Path) -> None:
@@ -138,7 +140,7 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     panels = [(f, t) for f, t in PANELS if any(r.get(f) is not None for r in rows)]
     lengths = sorted({r["n"] for r in rows})
     mechs = sorted({r["mechanism"] for r in rows})
-    kinds = [k for k in ("layer", "op", "peer") if any(r["kind"] == k for r in rows)]
+    kinds = [k for k in ("layer", "op", "peer", "model") if any(r["kind"] == k for r in rows)]
     colors = {m: plt.get_cmap("tab20")(i % 20) for i, m in enumerate(mechs)}
     single = len(lengths) == 1
     height = max(4.5, 0.22 * len(mechs) * len(kinds)) if single else 5.5
@@ -150,11 +152,11 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
                 vals = {r["mechanism"]: r[field] for r in rows if r["kind"] == kind and r.get(field) is not None}
                 ys = [i + k / (len(kinds) + 1) for i, m in enumerate(mechs) if m in vals]
                 ax.barh(ys, [vals[m] for m in mechs if m in vals], height=1 / (len(kinds) + 1),
-                        label=kind, hatch=("", "//", "..")[k])
+                        label=kind, hatch=("", "//", "..", "xx")[k])
             ax.set_yticks(range(len(mechs)), mechs, fontsize=8)
             ax.invert_yaxis()
             ax.set_title(f"{title}, n={lengths[0]}")
-            if field != "peak_mem_mb":
+            if field in RATIOS:
                 ax.axvline(1.0, color="k", lw=0.8)
             ax.legend(fontsize=8)
             continue
@@ -164,14 +166,14 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
                               and r.get(field) is not None), key=lambda r: r["n"])
                 if pts:
                     ax.plot([r["n"] for r in pts], [r[field] for r in pts],
-                            {"layer": "-", "op": "--", "peer": ":"}[kind], marker="o", ms=3,
+                            {"layer": "-", "op": "--", "peer": ":", "model": "-."}[kind], marker="o", ms=3,
                             color=colors[mech], label=f"{mech} ({kind})")
         ax.set_xscale("log", base=2)
         ax.set_xlabel("sequence length n")
         ax.set_title(title)
         if field == "peak_mem_mb":
             ax.set_yscale("log")
-        else:
+        elif field in RATIOS:
             ax.axhline(1.0, color="k", lw=0.8)
     for ax in axes[0]:
         ax.grid(alpha=0.3)

