@@ -99,38 +99,23 @@ def profiles(model: ModelArg, out: Path, positions: int = 128, method: str = "em
 
 
 # -- 3. TISA kernels fitted to F̂_P, and a tisa model built from the fit -----------------------------
-def build_tisa_model(src: Source, fit: TisaFit, mode: str = "replace") -> Transformer:
-    """A posattn encoder with ``tisa`` kernels set from the fit (TISA App. C initialisation).
-
-    From a Hugging Face checkpoint: a fresh encoder of the same sizes (vocabulary, width, layers,
-    heads, MLP width, positions, token types), mode ``replace``; only the TISA parameters come from
-    the checkpoint. From a posattn model: the same configuration with its input position mechanism
-    dropped (``replace``) or kept (``supplement``) and its other score-level position mechanisms
-    removed; every weight whose name and shape match is copied. The fitted offsets are dropped
-    (softmax is invariant to them).
+def build_tisa_model(src: Transformer, fit: TisaFit, mode: str = "replace") -> Transformer:
+    """A posattn model with ``tisa`` kernels set from the fit (TISA App. C initialisation): the
+    same configuration with its input position mechanism dropped (``replace``) or kept
+    (``supplement``) and its other score-level position mechanisms removed; every weight whose
+    name and shape match is copied. The fitted offsets are dropped (softmax is invariant to them).
+    (A Hugging Face checkpoint keeps all of its own weights instead: :func:`posattn.hf.retrofit.retrofit_tisa`.)
     """
-    s = int(fit.a.shape[-1])
-    tisa = {"name": "tisa", "n_kernels": s, "mode": mode}
-    if isinstance(src, HFCheckpoint):
-        if mode != "replace":
-            raise CheckpointError("a tisa model built from a Hugging Face checkpoint has no input positions; "
-                                  "use mode 'replace'")
-        c = src.config
-        cfg = ModelConfig(vocab_size=int(c["vocab_size"]), d_model=src.d_model, n_layers=src.n_layers,
-                          n_heads=src.n_heads, d_ff=int(c.get("intermediate_size", 4 * src.d_model)),
-                          max_len=src.position_embeddings().shape[0],
-                          n_segments=int(c.get("type_vocab_size", 0) or 0), mechanisms=[tisa])
-        model = build_model({"kind": "encoder", **cfg.to_dict()})
-    else:
-        keep = [m for m in src.input_mechanisms if m.name in ("absolute", "sinusoidal")] if mode == "supplement" else []
-        specs = [spec for spec in src.cfg.mechanisms
-                 if (spec if isinstance(spec, str) else spec["name"]) in {m.name for m in keep}]
-        cfg = ModelConfig.from_dict({**src.cfg.to_dict(), "mechanisms": [*specs, tisa]})
-        model = build_model({"kind": src.kind, **cfg.to_dict()})
-        theirs = src.state_dict()
-        mine = model.state_dict()
-        model.load_state_dict({k: v for k, v in theirs.items() if k in mine and mine[k].shape == v.shape},
-                              strict=False)
+    tisa = {"name": "tisa", "n_kernels": int(fit.a.shape[-1]), "mode": mode}
+    keep = [m for m in src.input_mechanisms if m.name in ("absolute", "sinusoidal")] if mode == "supplement" else []
+    specs = [spec for spec in src.cfg.mechanisms
+             if (spec if isinstance(spec, str) else spec["name"]) in {m.name for m in keep}]
+    cfg = ModelConfig.from_dict({**src.cfg.to_dict(), "mechanisms": [*specs, tisa]})
+    model = build_model({"kind": src.kind, **cfg.to_dict()})
+    theirs = src.state_dict()
+    mine = model.state_dict()
+    model.load_state_dict({k: v for k, v in theirs.items() if k in mine and mine[k].shape == v.shape},
+                          strict=False)
     if fit.a.shape[0] != model.cfg.n_layers:
         raise CheckpointError(f"the fit covers {fit.a.shape[0]} layers; the model has {model.cfg.n_layers}")
     with torch.no_grad():
@@ -146,7 +131,9 @@ def fit_tisa_report(model: ModelArg, out: Path, positions: int = 128, n_kernels:
                     adam_steps: int = 400, lbfgs_steps: int = 150, build: bool = True,
                     mode: str = "replace") -> dict:
     """TISA App. C: S kernels per head fitted to F̂_P by weighted least squares; errors; plots;
-    and (``build``) a tisa posattn model initialised from the fit in ``out/tisa_model``."""
+    and (``build``) a model with TISA kernels initialised from the fit in ``out/tisa_model``: the
+    pretrained Hugging Face model with TISA added in every self-attention (``posattn.hf``), or
+    the posattn model rebuilt with ``tisa``."""
     src = _source(model)
     prof = compute_profiles(src, positions, method)
     fit = fit_tisa(prof.scores, n_kernels, window, restarts, adam_steps, lbfgs_steps)
@@ -172,8 +159,17 @@ def fit_tisa_report(model: ModelArg, out: Path, positions: int = 128, n_kernels:
                            "a": _r(fit.a), "b": _r(fit.b, 7), "c": _r(fit.c), "offset": _r(fit.offset)},
               "figures": figures}
     if build:
-        tisa_model = build_tisa_model(src, fit, mode)
-        save(tisa_model, out / "tisa_model")
+        if isinstance(src, HFCheckpoint):  # the pretrained model itself, every weight kept
+            try:
+                from ..hf.retrofit import retrofit_tisa
+            except ImportError as e:
+                raise CheckpointError("building a TISA model from a Hugging Face checkpoint needs the hf "
+                                      "extra (pip install 'posattn[hf]'); or pass --no-model") from e
+            retrofit_tisa(src.folder, fit, mode, out / "tisa_model")
+            report["tisa_model_kind"] = f"hf:{src.config['model_type']} + posattn tisa ({mode}); "\
+                                        "load with posattn.hf.retrofit.load_retrofitted"
+        else:
+            save(build_tisa_model(src, fit, mode), out / "tisa_model")
         report["tisa_model"] = str(out / "tisa_model")
     return _write(out, "fit_tisa", report)
 

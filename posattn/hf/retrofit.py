@@ -27,6 +27,7 @@ TISA kernel with a = 0, so the model computes exactly what it did before (the de
 """
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import Any, Literal
 
@@ -45,6 +46,7 @@ from ..mechanisms import Context, Dims, Mechanism, Spec, SpecLike, build
 from .modeling import shared_parameters
 
 Mode = Literal["supplement", "replace"]
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt")
 IMPLEMENTATION = "posattn"
 INTERFACE_TYPES = {"bert", "roberta", "xlm-roberta", "camembert", "electra"}
 HOOK_TYPES = {"mpnet"}
@@ -225,6 +227,21 @@ def fit_kernels(model: str | Path, n_kernels: int = 5, positions: int = 128,
     ``minilm`` / ``mpnet``."""
     prof = hf_profiles(HFCheckpoint.open(resolve(model)), n=positions, method=method)
     return fit_tisa(prof.scores, n_kernels, **fit_options)
+
+
+def retrofit_tisa(folder: str | Path, fit: TisaFit, mode: Mode, out: str | Path) -> PreTrainedModel:
+    """TISA §5 / App. C on a checkpoint folder: the pretrained model (every weight kept) with
+    ``tisa`` in every self-attention, kernels set from ``fit``, saved to ``out`` with
+    ``save_pretrained`` beside the checkpoint's tokenizer files. Load it with
+    :func:`load_retrofitted` and any head class (a missing head is initialised as usual)."""
+    model = AutoModel.from_pretrained(folder)
+    add_mechanisms(model, [{"name": "tisa", "n_kernels": int(fit.a.shape[-1])}], mode, init=fit)
+    out = Path(out)
+    model.save_pretrained(out)
+    for name in TOKENIZER_FILES:
+        if (Path(folder) / name).is_file():
+            shutil.copy(Path(folder) / name, out / name)
+    return model
 
 
 def load_retrofitted(folder: str | Path, cls: type = AutoModel, **kwargs: Any) -> PreTrainedModel:

@@ -1,7 +1,9 @@
 """Every ``posattn analyze`` command on a tiny posattn checkpoint and a tiny HF checkpoint."""
+import importlib.util
 import json
 
 import pytest
+import torch
 
 from posattn.cli import main
 from posattn.models import build_model, save
@@ -46,13 +48,26 @@ def test_commands_on_posattn_checkpoint(posattn_folder, tmp_path, capsys):
 
 
 def test_commands_on_hf_checkpoint(tmp_path, capsys):
-    write_bert(tmp_path / "hf")
+    weights = write_bert(tmp_path / "hf")
     rep = run(capsys, "toeplitz", str(tmp_path / "hf"), "--out", str(tmp_path / "t"))
     assert rep["kind"] == "hf:bert" and rep["n_positions"] == 12
     rep = run(capsys, "profiles", str(tmp_path / "hf"), "--positions", "10", "--out", str(tmp_path / "p"))
     assert rep["method"] == "embedding" and rep["layer_norm"] is True
+    if importlib.util.find_spec("transformers") is None:
+        rep = run(capsys, "fit-tisa", str(tmp_path / "hf"), "--positions", "10", *FIT, "--no-model",
+                  "--out", str(tmp_path / "f"))
+        return
     rep = run(capsys, "fit-tisa", str(tmp_path / "hf"), "--positions", "10", *FIT, "--out", str(tmp_path / "f"))
-    assert json.loads((tmp_path / "f" / "tisa_model" / "config.json").read_text())["mechanisms"][0]["name"] == "tisa"
+    # the pretrained model itself with TISA from the fit (TISA App. C), not a fresh encoder
+    from posattn.hf.retrofit import load_retrofitted
+
+    model = load_retrofitted(tmp_path / "f" / "tisa_model")
+    assert model.config.posattn_retrofit["mode"] == "replace"
+    query = model.encoder.layer[1].attention.self.query.weight
+    assert torch.equal(query, torch.tensor(weights["encoder.layer.1.attention.self.query.weight"]).float())
+    assert model.embeddings.position_embeddings.weight.abs().max() == 0  # folded into the words, zeroed
+    tisa = model.encoder.layer[1].attention.self.position_mechanisms[0]
+    assert torch.allclose(tisa.a, torch.tensor(rep["per_head"]["a"][1]), atol=1e-5)
 
 
 def test_one_clear_error(tmp_path, capsys):
