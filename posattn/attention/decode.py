@@ -132,9 +132,8 @@ def step(attn: "Attention", x: Tensor, ctx_new: Context, ctx_all: Context, cache
     """One attention layer on the new rows ``x`` [b, m, d_model]; ``ctx_new`` holds their
     positions, ``ctx_all`` the whole length. Updates ``cache``; returns [b, m, d_model]."""
     b, m, _ = x.shape
-    h = attn.dims.n_heads
     start = ctx_all.n - m
-    raw = attn.qkv(x).view(b, m, 3, h, -1).permute(2, 0, 3, 1, 4)
+    raw = attn.linear_qkv(x)
     ctx_new.x = x
     if any(mode(mech) == "prefix" for mech in attn.mechanisms):
         qk, v = cache.update(torch.cat([raw[1], raw[0]], -1), raw[2], layer_idx)

@@ -190,8 +190,9 @@ def _low_rank_as_bias(q: Tensor, low: list[LowRank], policy: Policy) -> bool:
 def _resolve(terms: list[Term], causal: bool, q: Tensor, policy: Policy) -> list[Term]:
     """Toeplitz terms with an equivalent causal (low-rank) form use it under a causal mask.
     Wide position-only low-rank terms that learn (DIET-ABS, TUPE), on CPU beyond
-    ``low_rank_dense_max_n`` and ``dense_grad_max_n`` up to ``dense_max_n``, become one batch-free [1, h, n, n] bias for
-    flash-bias: folding them would double every head's width in the fused kernel."""
+    ``low_rank_dense_max_n`` and ``dense_grad_max_n`` up to ``dense_max_n``, become one
+    batch-free [1, h, n, n] bias for flash-bias: folding them would double every head's width in
+    the fused kernel. Idempotent: resolved terms come back unchanged."""
     terms = [t.causal_form if causal and isinstance(t, Toeplitz) and t.causal_form is not None else t
              for t in terms]
     low = [t for t in terms if isinstance(t, LowRank)]
@@ -219,8 +220,8 @@ def attend(
 ) -> Tensor:
     """Attention output [b, h, n, d_v], equal to :func:`posattn.attention.reference.attend`."""
     policy = policy or policy_for(q.device)
+    terms = _resolve(terms, causal, q, policy)  # once: plan's own _resolve leaves resolved terms as they are
     path = plan(q, terms, causal, dropout, training, policy)
-    terms = _resolve(terms, causal, q, policy)
     low = [t for t in terms if isinstance(t, LowRank)]
     rest = [t for t in terms if not isinstance(t, LowRank)]
     scale = 1.0 / math.sqrt(q.shape[-1])

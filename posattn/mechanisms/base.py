@@ -29,9 +29,8 @@ from typing import TYPE_CHECKING, Any, Callable, ClassVar, Literal
 import torch
 from torch import Tensor, nn
 
-from ..errors import PositionError
-
 from ..attention.terms import batch_free
+from ..errors import PositionError
 
 if TYPE_CHECKING:
     from ..attention.terms import Term

@@ -4,7 +4,8 @@ at sizes where the chunk sizes are forced small so every chunking and merging br
 from __future__ import annotations
 
 import math
-from typing import Any
+from contextlib import contextmanager
+from typing import Any, Iterator
 
 import pytest
 import torch
@@ -42,6 +43,23 @@ def keep_mask(b: int, n: int) -> torch.Tensor:
 def assert_close(a: torch.Tensor, b: torch.Tensor, what: str, tol: float = 1e-10) -> None:
     err = (a - b).abs().max().item()
     assert err <= tol * (1 + b.abs().max().item()), f"{what}: max error {err:.2e}"
+
+
+@contextmanager
+def planned() -> Iterator[list[str]]:
+    """The fast-path algorithms :func:`fast.plan` picks inside the block, in call order."""
+    chosen: list[str] = []
+    real_plan = fast.plan
+
+    def spy(*a: Any, **kw: Any) -> str:
+        chosen.append(real_plan(*a, **kw))
+        return chosen[-1]
+
+    fast.plan = spy  # type: ignore[assignment]
+    try:
+        yield chosen
+    finally:
+        fast.plan = real_plan  # type: ignore[assignment]
 
 
 def compare(q, k, v, terms: list[Term], leaves: list[torch.Tensor], keep, causal: bool,
@@ -208,14 +226,8 @@ def test_learned_position_biases_at_pretraining_length(spec: str) -> None:
     m = build(spec, False, "fast")
     policy = Policy(low_rank_dense_max_n=16, dense_grad_max_n=16, low_rank_dense_min=4, flash_chunk=16,
                     grad_chunk=8)
-    chosen: list[str] = []
-    real_plan = fast.plan
-    fast.plan = lambda *a, **kw: chosen.append(real_plan(*a, **kw)) or chosen[-1]  # type: ignore[assignment]
-    try:
-        with using(policy):
-            h = m.hidden(ids, None, keep)
-    finally:
-        fast.plan = real_plan  # type: ignore[assignment]
+    with planned() as chosen, using(policy):
+        h = m.hidden(ids, None, keep)
     assert set(chosen) == {"flash_bias"}
     assert_close(h * keep[..., None], h_ref * keep[..., None], "hidden states")
     g = torch.autograd.grad((h * keep[..., None]).pow(2).sum(), list(m.parameters()), allow_unused=True)
@@ -346,19 +358,8 @@ def test_models_on_every_path(spec: Any, causal: bool) -> None:
     seen = set()
     for path in ("banded", "flash_bias", "dense"):
         m = build(spec, causal, "fast")
-        chosen: list[str] = []
-        real_plan = fast.plan
-
-        def spy(*a: Any, **kw: Any) -> str:
-            chosen.append(real_plan(*a, **kw))
-            return chosen[-1]
-
-        fast.plan = spy  # type: ignore[assignment]
-        try:
-            with using(Policy(**SMALL, force=path)):  # type: ignore[arg-type]
-                h = m.hidden(ids, None, keep)
-        finally:
-            fast.plan = real_plan  # type: ignore[assignment]
+        with planned() as chosen, using(Policy(**SMALL, force=path)):  # type: ignore[arg-type]
+            h = m.hidden(ids, None, keep)
         seen.update(chosen)
         assert_close(h * keep[..., None], h_ref * keep[..., None], f"{path}: hidden states")
         g = torch.autograd.grad((h * w).sum(), list(m.parameters()), allow_unused=True)
