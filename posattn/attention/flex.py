@@ -11,9 +11,12 @@ from __future__ import annotations
 from typing import Callable
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from .terms import Dense, LowRank, QueryRelative, Term, Toeplitz
+
+BLOCK = 128   # FlexAttention's default block size (queries and keys)
 
 _COMPILED: dict[str, Callable[..., Tensor]] = {}
 
@@ -34,7 +37,13 @@ def _flex() -> Callable[..., Tensor]:
 
 def flex_attend(q: Tensor, k: Tensor, v: Tensor, low: list[LowRank], rest: list[Term],
                 keep: Tensor | None, causal: bool, scale: float) -> Tensor:
-    """Attention [b, h, n, d_v] with every term inside FlexAttention (CUDA)."""
+    """Attention [b, h, n, d_v] with every term inside FlexAttention (CUDA).
+
+    The length is padded up to a multiple of :data:`BLOCK` (FlexAttention's block, so no extra
+    block is computed) and every captured tensor to that padded length: Dynamo specialises on
+    shapes, so variable-length batches (fine-tuning, evaluation sorted by length) share one
+    compiled kernel per padded length instead of compiling one per length. Padded keys are
+    masked; padded query rows are dropped."""
     from torch.nn.attention.flex_attention import create_block_mask
 
     from .fast import fold_low_rank
@@ -42,26 +51,29 @@ def flex_attend(q: Tensor, k: Tensor, v: Tensor, low: list[LowRank], rest: list[
     b, h, n, _ = q.shape
     d_v = v.shape[-1]
     q, k, v = fold_low_rank(q, k, v, low, scale, 16)
+    big = -(-n // BLOCK) * BLOCK
+    extra = big - n
+    q, k, v = (F.pad(x, (0, 0, 0, extra)) for x in (q, k, v))
     table: Tensor | None = None
     query_prods: list[tuple[Tensor, int]] = []
     key_prods: list[tuple[Tensor, int]] = []
     dense: list[Tensor] = []
     for t in rest:
-        if isinstance(t, Toeplitz):
-            part = t.table.expand(h, 2 * n - 1)
+        if isinstance(t, Toeplitz):    # offsets −(n−1)..n−1 sit at the middle of −(N−1)..N−1
+            part = F.pad(t.table.expand(h, 2 * n - 1), (extra, extra))
             table = part if table is None else table + part
         elif isinstance(t, QueryRelative):
             w = t.weight if t.weight.dim() == 3 else t.weight.unsqueeze(0)
             prod = (torch.einsum("bhid,hmd->bhim", t.vec, w) * t.scale).expand(b, h, n, -1)
-            (key_prods if t.key_side else query_prods).append((prod, t.window))
+            (key_prods if t.key_side else query_prods).append((F.pad(prod, (0, 0, 0, extra)), t.window))
         elif isinstance(t, Dense):
             bias = t.bias if t.bias.dim() == 4 else t.bias.unsqueeze(0)
-            dense.append(bias.expand(b, h, n, n))
+            dense.append(F.pad(bias.expand(b, h, n, n), (0, extra, 0, extra)))
 
     def score_mod(score: Tensor, bi: Tensor, hi: Tensor, qi: Tensor, ki: Tensor) -> Tensor:
         r = ki - qi
         if table is not None:
-            score = score + table[hi, r + n - 1]
+            score = score + table[hi, r + big - 1]
         for prod, w in query_prods:
             score = score + prod[bi, hi, qi, torch.clamp(r, -w, w) + w]
         for prod, w in key_prods:
@@ -71,14 +83,16 @@ def flex_attend(q: Tensor, k: Tensor, v: Tensor, low: list[LowRank], rest: list[
         return score
 
     block_mask = None
-    if causal or keep is not None:
+    if causal or keep is not None or extra:
+        if keep is None:
+            keep = torch.ones(1, n, dtype=torch.bool, device=q.device)
+        keep = F.pad(keep, (0, extra), value=False)     # [b|1, N]: a tensor, so n is no compile constant
+        batched = keep.shape[0] > 1
+
         def mask_mod(bi: Tensor, hi: Tensor, qi: Tensor, ki: Tensor) -> Tensor:
             ok = ki <= qi if causal else ki >= 0
-            if keep is not None:
-                ok = ok & (keep[bi, ki] | (ki == qi))
-            return ok
+            return ok & (keep[bi if batched else 0, ki] | (ki == qi))
 
-        block_mask = create_block_mask(mask_mod, b if keep is not None else None, None, n, n,
-                                       device=q.device)
+        block_mask = create_block_mask(mask_mod, b if batched else None, None, big, big, device=q.device)
     o = _flex()(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=1.0)
-    return o[..., :d_v]
+    return o[:, :, :n, :d_v]

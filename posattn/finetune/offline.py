@@ -169,6 +169,10 @@ def load_offline(name: str, max_train: int | None = None, max_eval: int | None =
                     {"test": cap(name, parts["test"], max_eval)})
     for split, full, kept in [("train", parts["train"], data.train), ("valid", parts["valid"], data.valid),
                               ("test", parts["test"], data.test["test"])]:
+        if not kept:
+            option = "--max-train" if split == "train" else "--max-eval"
+            raise TaskError(f"task {name}: {option} {max_train if split == 'train' else max_eval} leaves no {split} "
+                            f"examples (examples of one source are kept together); raise it")
         if len(kept) < len(full):
             data.notes.append(f"{split} capped to {len(kept)} of {len(full)} examples")
     return data

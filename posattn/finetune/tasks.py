@@ -149,7 +149,10 @@ def split_by_hash(task: str, examples: list[Example], fractions: dict[str, float
 
 
 def cap(task: str, examples: list[Example], limit: int | None) -> list[Example]:
-    """At most ``limit`` examples, whole groups in :func:`stable_unit` order (all when ``limit`` is None)."""
+    """At most ``limit`` examples, whole groups in :func:`stable_unit` order (all when ``limit`` is None).
+
+    A group too large for what is left is skipped and later, smaller groups still fill the cap, so a cap
+    below the largest group keeps the small ones instead of nothing."""
     if limit is None or len(examples) <= limit:
         return examples
     groups: dict[str, list[Example]] = {}
@@ -157,9 +160,8 @@ def cap(task: str, examples: list[Example], limit: int | None) -> list[Example]:
         groups.setdefault(ex.group or ex.a, []).append(ex)
     kept: list[Example] = []
     for key in sorted(groups, key=lambda g: stable_unit(task, "cap", g)):
-        if len(kept) + len(groups[key]) > limit:
-            break
-        kept += groups[key]
+        if len(kept) + len(groups[key]) <= limit:
+            kept += groups[key]
     return kept
 
 

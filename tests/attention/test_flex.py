@@ -1,0 +1,65 @@
+"""FlexAttention (the CUDA path) equals the reference path for every term kind, with padding and
+causality, and variable lengths share one compiled kernel per padded length. Runs the forward on
+the CPU (FlexAttention compiles there for inference; its backward needs CUDA, see test_cuda.py)."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch._dynamo.utils import counters
+
+from posattn.attention import reference
+from posattn.attention.fast import _flex_available
+from posattn.attention.flex import BLOCK, flex_attend
+from posattn.attention.terms import Dense, LowRank, QueryRelative, Term, Toeplitz
+
+pytestmark = pytest.mark.skipif(not _flex_available(), reason="this torch has no FlexAttention")
+B, H, D, W = 2, 2, 8, 3
+
+
+def every_kind(n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[Term]]:
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(B, H, n, D, generator=g) for _ in range(3))
+    terms: list[Term] = [
+        Toeplitz(torch.randn(H, 2 * n - 1, generator=g)),
+        LowRank(torch.randn(1, H, n, 4, generator=g), torch.randn(1, H, n, 4, generator=g)),
+        QueryRelative(q, torch.randn(2 * W + 1, D, generator=g), W, 0.5),
+        QueryRelative(k, torch.randn(H, 2 * W + 1, D, generator=g), W, 0.5, key_side=True),
+        Dense(torch.randn(B, H, n, n, generator=g)),
+    ]
+    return q, k, v, terms
+
+
+def flex(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, terms: list[Term], keep: torch.Tensor | None,
+         causal: bool) -> torch.Tensor:
+    low = [t for t in terms if isinstance(t, LowRank)]
+    rest = [t for t in terms if not isinstance(t, LowRank)]
+    with torch.no_grad():
+        return flex_attend(q, k, v, low, rest, keep, causal, 1 / math.sqrt(D))
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["encoder", "decoder"])
+def test_flex_equals_reference_below_one_block(causal: bool) -> None:
+    n = BLOCK - 28                       # padded up to one block inside flex_attend
+    q, k, v, terms = every_kind(n, seed=0)
+    keep = torch.ones(B, n, dtype=torch.bool)
+    keep[0, n - 9:] = False
+    keep[1, 40] = False
+    for mask in (keep, None):
+        want = reference.attend(q, k, v, terms, mask, causal)
+        got = flex(q, k, v, terms, mask, causal)
+        real = mask if mask is not None else torch.ones(B, n, dtype=torch.bool)
+        err = (got - want).permute(0, 2, 1, 3)[real].abs().max().item()
+        assert err < 2e-5, f"mask {'given' if mask is not None else 'none'}: max error {err:.1e}"
+
+
+def test_lengths_in_one_block_share_one_compiled_kernel() -> None:
+    q, k, v, terms = every_kind(BLOCK - 30, seed=1)
+    flex(q, k, v, terms, None, False)                 # compiled here (or by an earlier test)
+    before = counters["stats"]["unique_graphs"]
+    for n in (BLOCK - 31, BLOCK - 64, 5):          # (n = BLOCK itself takes the unmasked kernel)
+        q, k, v, terms = every_kind(n, seed=n)
+        got = flex(q, k, v, terms, None, False)
+        assert torch.allclose(got, reference.attend(q, k, v, terms, None, False), atol=2e-5)
+    assert counters["stats"]["unique_graphs"] == before, "a new length recompiled FlexAttention"
