@@ -1,7 +1,8 @@
 """A fine-tuning sweep: checkpoints × tasks × seeds, from a YAML config (schema in :data:`SCHEMA`).
 
 Each combination is a :class:`~posattn.finetune.run.Cell` whose result lands in
-``cells/<id>/result.json``; finished cells are never re-run, so re-running a command resumes it.
+``<cell store>/<id>/result.json`` (``<out>/cells`` unless the config names a shared ``cell_store``);
+finished cells are never re-run, so re-running a command resumes it.
 Cells of an intermediate task (MNLI) run first and keep their model; the cells they initialise
 (RTE, STS-B, MRPC) run after them with the same checkpoint and seed.
 """
@@ -21,6 +22,7 @@ from ..errors import PositionError
 from ..tasks import compare
 from ..tasks.compare import _write_json
 from .report import write_plots, write_report
+from ..errors import cell_failure
 from .run import (Cell, FinetuneConfig, check_encoder, find_checkpoint, fingerprint, run_cell, task_data,
                   tokenizer_path)
 from .tasks import GLUE_SUITE, OFFLINE_SUITE, TASKS
@@ -28,7 +30,7 @@ from .tasks import GLUE_SUITE, OFFLINE_SUITE, TASKS
 DEFAULT_CONFIG = "offline"
 TRAINING_KEYS = tuple(f.name for f in fields(FinetuneConfig) if f.name != "seed")
 TOP_KEYS = ("name", "checkpoints", "tasks", "seeds", "glue_dir", "max_train", "max_eval", "max_seq_len",
-            "training", "task_training", "intermediate")
+            "training", "task_training", "intermediate", "cell_store")
 
 SCHEMA = """\
 Config schema (YAML; every key has a default):
@@ -48,6 +50,8 @@ Config schema (YAML; every key has a default):
   task_training: {{task: {{...}}}}  overrides for one task
   intermediate: auto | {{task: source}}   auto: RTE, STS-B, MRPC start from MNLI when both are in the
                             sweep (Chang Table 5); {{}} turns it off
+  cell_store: str | null    folder of the cells (null: <out>/cells); sweeps naming the same folder share
+                            finished cells, keyed by checkpoint content, task, seed and settings
 Per-task defaults (Chang et al. 2021, Table 5): lr 3e-4 (QNLI 1e-4), batch 32 (MNLI, QQP 128),
 epochs 3 (RTE, STS-B 10; MNLI, QQP 4), warmup 10% + linear decay, dropout 0.1, weight decay 0,
 Adam eps 1e-6; the best validation evaluation is kept (patience: stop after that many evaluations
@@ -83,6 +87,7 @@ class Suite:
     checkpoints: list[dict[str, Any]]
     cells: list[Cell]
     keep: frozenset[str]                 # ids of cells whose model initialises others
+    cell_store: str | None = None        # None: <out>/cells
 
 
 def _is_int(value: Any, low: int = 1) -> bool:
@@ -213,6 +218,9 @@ def validate_config(raw: dict[str, Any]) -> Suite:
         if t not in tasks or src not in tasks or t == src or src in intermediate:
             errors.append(f"intermediate: {t} <- {src} needs both tasks in the sweep, distinct, and a source "
                           f"that is not itself initialised from another task")
+    store = raw.get("cell_store")
+    if store is not None and not (isinstance(store, str) and store):
+        errors.append(f"cell_store must be a folder path or null, got {store!r}")
     checkpoints = _checkpoints(raw, errors)
     lengths = [_max_seq_len(raw, c, errors) for c in checkpoints]
     if errors:
@@ -240,15 +248,18 @@ def validate_config(raw: dict[str, Any]) -> Suite:
     config = {"name": str(raw.get("name", DEFAULT_CONFIG)), "tasks": tasks, "seeds": seeds, "glue_dir": glue_dir,
               **caps, "max_seq_len": raw.get("max_seq_len"), "training": shared,
               "task_training": {t: v for t, v in overrides.items() if v}, "intermediate": intermediate,
-              "checkpoints": [{"path": c["path"], "label": c["label"]} for c in checkpoints]}
+              "checkpoints": [{"path": c["path"], "label": c["label"]} for c in checkpoints], "cell_store": store}
     return Suite(config["name"], config, [{k: c[k] for k in ("path", "label", "config")} for c in checkpoints],
-                 cells, frozenset(keep))
+                 cells, frozenset(keep), store)
 
 
 def _run_in_worker(job: tuple[Cell, str, str, int, bool]) -> dict:
-    cell, out, device, threads, keep = job
+    cell, store, device, threads, keep = job
     torch.set_num_threads(threads)
-    return run_cell(cell, Path(out), device, progress=False, keep_model=keep)
+    try:
+        return run_cell(cell, Path(store), device, progress=False, keep_model=keep)
+    except Exception:
+        raise cell_failure(f"cell {cell.id} ({cell.label}, {cell.task}, seed {cell.seed})") from None
 
 
 def run_suite(suite: Suite, out: str | Path, workers: int = 1, device: str = "auto", threads: int | None = None,
@@ -260,6 +271,7 @@ def run_suite(suite: Suite, out: str | Path, workers: int = 1, device: str = "au
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.yaml").write_text(yaml.safe_dump(suite.config, sort_keys=False))
+    store = Path(suite.cell_store) if suite.cell_store else out / "cells"
     if threads is not None:
         torch.set_num_threads(threads)
     waves = [[c for c in suite.cells if c.init_from is None], [c for c in suite.cells if c.init_from is not None]]
@@ -268,10 +280,10 @@ def run_suite(suite: Suite, out: str | Path, workers: int = 1, device: str = "au
     for wave in waves:
         if workers <= 1 or len(wave) <= 1:
             for cell in wave:
-                results.append(run_cell(cell, out, device, progress, keep_model=cell.id in suite.keep))
+                results.append(run_cell(cell, store, device, progress, keep_model=cell.id in suite.keep))
                 bar.update(1)
             continue
-        jobs = [(c, str(out), device, threads or 1, c.id in suite.keep) for c in wave]
+        jobs = [(c, str(store), device, threads or 1, c.id in suite.keep) for c in wave]
         with multiprocessing.get_context("spawn").Pool(workers) as pool:
             for r in pool.imap(_run_in_worker, jobs):
                 results.append(r)

@@ -26,7 +26,7 @@ import torch
 import yaml
 from tqdm.auto import tqdm
 
-from posattn.errors import PositionError
+from posattn.errors import PositionError, cell_failure
 from posattn.mechanisms import registry
 from posattn.models import build_model, load, save
 from posattn.tasks.generators import TASK_PARAMS, TASKS, TaskError, drop_overlap, generate
@@ -433,7 +433,10 @@ def run_cell(cell: Cell, test_lengths: list[int], out: Path, device: str = "auto
 def _run_cell_in_worker(job: tuple[Cell, list[int], str, str, int]) -> dict:
     cell, lengths, out, device, threads = job
     torch.set_num_threads(threads)
-    return run_cell(cell, lengths, Path(out), device, progress=False)
+    try:
+        return run_cell(cell, lengths, Path(out), device, progress=False)
+    except Exception:
+        raise cell_failure(f"cell {cell.id} ({cell.label})") from None
 
 
 def run_sweep(sweep: Sweep, out: str | Path, workers: int = 1, device: str = "auto", threads: int | None = None,

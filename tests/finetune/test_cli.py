@@ -6,6 +6,7 @@ import json
 import pytest
 
 from posattn import cli
+from posattn.finetune import run as run_mod
 from posattn.finetune import suite as suite_mod
 from posattn.finetune.cli import register
 from posattn.finetune.suite import ConfigError, load_config, validate_config
@@ -113,3 +114,23 @@ def test_bad_task_file_fails_before_anything_is_written(setup, tmp_path):
         finetune(str(a), "--tasks", "sst2", "rte", "--glue-dir", str(glue), "--out", str(tmp_path / "out"),
                  "--no-progress", "--workers", "1")
     assert not (tmp_path / "out").exists()
+
+
+def test_sweeps_naming_one_cell_store_share_finished_cells(setup, tmp_path, monkeypatch):
+    root, a, b = setup
+    trained = []
+    real = run_mod.finetune
+
+    def counting(model, task, *args, **kwargs):
+        trained.append(kwargs["description"])
+        return real(model, task, *args, **kwargs)
+
+    monkeypatch.setattr("posattn.finetune.run.finetune", counting)
+    base = {"tasks": ["sst2"], "seeds": 1, "glue_dir": str(root / "glue"), "cell_store": str(tmp_path / "store")}
+    for name, checkpoints in [("first", [a]), ("second", [a, b])]:
+        config = tmp_path / f"{name}.yaml"
+        config.write_text(json.dumps({**base, "name": name, "checkpoints": [str(c) for c in checkpoints]}))
+        finetune("--config", str(config), "--out", str(tmp_path / name), "--no-progress", "--workers", "1")
+    assert trained == ["absolute sst2 seed 0", "fixed_conv sst2 seed 0"]     # the second sweep reused a's cell
+    second = json.loads((tmp_path / "second" / "results.json").read_text())["cells"]
+    assert [c["label"] for c in second] == ["absolute", "fixed_conv"] and not (tmp_path / "second" / "cells").exists()
