@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import matplotlib
 
+from .claims import SIGMAS, judge, parse_claims
 from .tasks import TASKS
 
 if TYPE_CHECKING:
@@ -79,6 +80,14 @@ def write_report(suite: Suite, summary: dict[str, Any], out: Path) -> Path:
              *_table(header, [row(lab, mean_se) for lab in labels] + [chance]),
              "## Median over seeds (TISA / DIET layout)", "",
              *_table(header, [row(lab, median) for lab in labels])]
+    if cfg.get("claims"):
+        stats = {lab: list(suite_scores(cells, lab, tasks).values()) for lab in labels}
+        rows = []
+        for c in parse_claims(cfg["claims"], []):
+            verdict, details = judge(c, stats)
+            rows.append([c.claim, c.paper, "<br>".join(details), f"**{verdict}**"])
+        lines += [f"## The papers' claims, judged on Avg (a difference counts beyond {SIGMAS:g} s.e.)", "",
+                  *_table(["claim", "paper", "ours: difference of Avg ± s.e.", "verdict"], rows)]
     multi = [(t, s, title) for t, s, title in cols if len(TASKS[t].metrics) > 1]
     if multi:
         rows = [[lab, *("/".join(mean_se(list(seed_values(cells, lab, t, s, m).values())).split(" ±")[0]

@@ -23,6 +23,7 @@ from ..tasks import compare
 from ..tasks.compare import _write_json
 from .report import write_plots, write_report
 from ..errors import cell_failure
+from .claims import parse_claims
 from .run import (Cell, FinetuneConfig, check_encoder, find_checkpoint, fingerprint, run_cell, task_data,
                   tokenizer_path)
 from .tasks import GLUE_SUITE, OFFLINE_SUITE, TASKS
@@ -30,7 +31,7 @@ from .tasks import GLUE_SUITE, OFFLINE_SUITE, TASKS
 DEFAULT_CONFIG = "offline"
 TRAINING_KEYS = tuple(f.name for f in fields(FinetuneConfig) if f.name != "seed")
 TOP_KEYS = ("name", "checkpoints", "tasks", "seeds", "glue_dir", "max_train", "max_eval", "max_seq_len",
-            "training", "task_training", "intermediate", "cell_store")
+            "training", "task_training", "intermediate", "cell_store", "claims")
 
 SCHEMA = """\
 Config schema (YAML; every key has a default):
@@ -52,6 +53,8 @@ Config schema (YAML; every key has a default):
                             sweep (Chang Table 5); {{}} turns it off
   cell_store: str | null    folder of the cells (null: <out>/cells); sweeps naming the same folder share
                             finished cells, keyed by checkpoint content, task, seed and settings
+  claims: [{{claim, paper, holds: ["A > B" | "A !> B", ...]}}]   papers' rankings of rows, judged on the
+                            suite scores in report.md (posattn.finetune.claims)
 Per-task defaults (Chang et al. 2021, Table 5): lr 3e-4 (QNLI 1e-4), batch 32 (MNLI, QQP 128),
 epochs 3 (RTE, STS-B 10; MNLI, QQP 4), warmup 10% + linear decay, dropout 0.1, weight decay 0,
 Adam eps 1e-6; the best validation evaluation is kept (patience: stop after that many evaluations
@@ -221,6 +224,7 @@ def validate_config(raw: dict[str, Any]) -> Suite:
     store = raw.get("cell_store")
     if store is not None and not (isinstance(store, str) and store):
         errors.append(f"cell_store must be a folder path or null, got {store!r}")
+    claims = parse_claims(raw.get("claims"), errors)
     checkpoints = _checkpoints(raw, errors)
     lengths = [_max_seq_len(raw, c, errors) for c in checkpoints]
     if errors:
@@ -248,7 +252,8 @@ def validate_config(raw: dict[str, Any]) -> Suite:
     config = {"name": str(raw.get("name", DEFAULT_CONFIG)), "tasks": tasks, "seeds": seeds, "glue_dir": glue_dir,
               **caps, "max_seq_len": raw.get("max_seq_len"), "training": shared,
               "task_training": {t: v for t, v in overrides.items() if v}, "intermediate": intermediate,
-              "checkpoints": [{"path": c["path"], "label": c["label"]} for c in checkpoints], "cell_store": store}
+              "checkpoints": [{"path": c["path"], "label": c["label"]} for c in checkpoints], "cell_store": store,
+              "claims": [{"claim": c.claim, "paper": c.paper, "holds": [str(r) for r in c.holds]} for c in claims]}
     return Suite(config["name"], config, [{k: c[k] for k in ("path", "label", "config")} for c in checkpoints],
                  cells, frozenset(keep), store)
 

@@ -72,13 +72,15 @@ def test_every_problem_of_a_config_in_one_error(setup, tmp_path):
     root, a, _ = setup
     dec = make_checkpoint(tmp_path / "dec", kind="decoder")
     raw = {"checkpoints": [str(a), str(dec), str(tmp_path / "missing")], "tasks": ["rte", "nope"], "seeds": -1,
-           "training": {"lr": -1, "momentum": 0.9}, "max_seq_len": 512, "colour": "red"}
+           "training": {"lr": -1, "momentum": 0.9}, "max_seq_len": 512, "colour": "red", "cell_store": 3,
+           "claims": [{"claim": "x", "paper": "y", "holds": ["absolute >> none"]}]}
     with pytest.raises(ConfigError) as err:
         validate_config(raw)
     msg = str(err.value)
     for text in ("unknown key(s) colour", "unknown task 'nope'", "need glue_dir", "seeds must be",
                  "unknown key(s) momentum", "lr = -1 is not valid", "'decoder' checkpoint is not classification-capable",
-                 "missing: not a posattn checkpoint", "absolute cannot go beyond them (not inductive)"):
+                 "missing: not a posattn checkpoint", "absolute cannot go beyond them (not inductive)",
+                 "cell_store must be", "'absolute >> none' is not 'A > B'"):
         assert text in msg, text
 
 
@@ -134,3 +136,20 @@ def test_sweeps_naming_one_cell_store_share_finished_cells(setup, tmp_path, monk
     assert trained == ["absolute sst2 seed 0", "fixed_conv sst2 seed 0"]     # the second sweep reused a's cell
     second = json.loads((tmp_path / "second" / "results.json").read_text())["cells"]
     assert [c["label"] for c in second] == ["absolute", "fixed_conv"] and not (tmp_path / "second" / "cells").exists()
+
+
+def test_report_judges_the_configs_claims(setup, tmp_path):
+    root, a, b = setup
+    config = tmp_path / "claims.yaml"
+    config.write_text(json.dumps({
+        "name": "claims", "tasks": ["sst2"], "seeds": 2, "glue_dir": str(root / "glue"),
+        "checkpoints": [str(a), str(b)],
+        "claims": [{"claim": "relative beats absolute", "paper": "74.5 vs 71.1", "holds": ["fixed_conv > absolute"]},
+                   {"claim": "a missing row", "paper": "-", "holds": ["tisa > absolute"]}]}))
+    finetune("--config", str(config), "--out", str(tmp_path / "out"), "--no-progress", "--workers", "1")
+    report = (tmp_path / "out" / "report.md").read_text()
+    section = report.split("## The papers' claims")[1].split("##")[0]
+    rows = [line for line in section.splitlines() if line.startswith("| relative") or line.startswith("| a missing")]
+    assert len(rows) == 2 and "fixed_conv − absolute = " in rows[0]
+    assert any(v in rows[0] for v in ("**reproduced**", "**not reproduced**", "**not distinguishable at this scale**"))
+    assert "**not measured**" in rows[1] and "no row 'tisa'" in rows[1]

@@ -1,0 +1,48 @@
+"""Papers' ranking claims judged on per-seed suite scores: the rule, its verdicts, and its errors."""
+import math
+import statistics
+
+import pytest
+
+from posattn.finetune.claims import SIGMAS, Judged, Relation, judge, judge_relation, parse_claims
+
+
+def claim(*holds: str) -> list:
+    errors: list[str] = []
+    out = parse_claims([{"claim": "c", "paper": "p", "holds": list(holds)}], errors)
+    assert not errors
+    return out[0]
+
+
+STATS = {"low": [60.0, 61.0, 59.0], "mid": [65.0, 66.0, 64.0], "same_as_mid": [64.5, 66.5, 65.0],
+         "high": [70.0, 71.0, 69.5], "one_seed": [80.0]}
+
+
+def test_difference_and_its_standard_error_are_those_of_two_independent_means():
+    j = judge_relation(Relation("high", ">", "mid"), STATS)
+    a, b = STATS["high"], STATS["mid"]
+    se = math.sqrt(statistics.variance(a) / 3 + statistics.variance(b) / 3)
+    assert isinstance(j, Judged) and j.diff == pytest.approx(statistics.fmean(a) - statistics.fmean(b))
+    assert j.se == pytest.approx(se) and j.diff > SIGMAS * se and j.status == "holds"
+
+
+@pytest.mark.parametrize("holds, verdict", [
+    (["high > mid", "mid > low"], "reproduced"),
+    (["high > mid", "low > mid"], "not reproduced"),                       # a clear difference the other way
+    (["high > mid", "same_as_mid > mid"], "not distinguishable at this scale"),
+    (["same_as_mid !> mid"], "reproduced"),                                # "adds nothing": no gain that counts
+    (["high !> low"], "not reproduced"),
+    (["high > one_seed"], "not measured"),
+    (["high > absent"], "not measured"),
+])
+def test_verdicts(holds, verdict):
+    got, lines = judge(claim(*holds), STATS)
+    assert got == verdict and len(lines) == len(holds)
+
+
+def test_every_bad_claim_is_reported():
+    errors: list[str] = []
+    parse_claims([{"claim": "x", "paper": "y", "holds": ["a >> b", "a > a", "a > b"]},
+                  {"claim": "x", "holds": ["a > b"]}, "not a mapping"], errors)
+    assert len(errors) == 4 and "'a >> b'" in errors[0] and "'a > a'" in errors[1]
+    assert "claims[1]" in errors[2] and "claims[2]" in errors[3]
