@@ -37,6 +37,8 @@ from ..models.config import ModelConfig
 from ..models.transformer import MODEL_KINDS, Decoder, Encoder, Transformer
 
 MODEL_FIELDS = [f.name for f in fields(ModelConfig)]
+# transformers 5.24 renamed the outputs' cache field past_key_values -> cache (the old name warns)
+CACHE_FIELD = "cache" if "cache" in {f.name for f in fields(CausalLMOutputWithPast)} else "past_key_values"
 
 
 class PosattnConfig(PreTrainedConfig):
@@ -203,24 +205,30 @@ class PosattnForCausalLM(PosattnPreTrainedModel, GenerationMixin):
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None,
                 position_ids: Tensor | None = None, labels: Tensor | None = None,
-                past_key_values: Any = None, use_cache: bool | None = None,
+                cache: Any = None, use_cache: bool | None = None, past_key_values: Any = None,
                 **kwargs: Any) -> CausalLMOutputWithPast:
-        """With ``past_key_values`` (a cache), ``input_ids`` are the tokens after the cached prefix."""
+        """With ``cache`` (``past_key_values`` before transformers 5.24), ``input_ids`` are the tokens
+        after the cached prefix."""
         model: Decoder = self.posattn  # type: ignore[assignment]
-        if past_key_values is not None:
-            logits = model.decode(input_ids, past_key_values)
+        cache = cache if cache is not None else past_key_values
+        if cache is not None:
+            logits = model.decode(input_ids, cache)
         else:
             logits = model(input_ids, _keep(attention_mask), position_ids)
         loss = None
         if labels is not None:
             loss = F.cross_entropy(logits[:, :-1].flatten(0, 1), labels[:, 1:].flatten(), ignore_index=-100)
-        return CausalLMOutputWithPast(loss=loss, logits=logits, past_key_values=past_key_values)
+        return CausalLMOutputWithPast(loss=loss, logits=logits, **{CACHE_FIELD: cache})
 
     def prepare_inputs_for_generation(self, input_ids: Tensor, past_key_values: Any = None,
                                       attention_mask: Tensor | None = None, use_cache: bool | None = True,
-                                      **kwargs: Any) -> dict[str, Any]:
-        """The new tokens and the cache when decoding can be incremental, else the whole prefix."""
-        if past_key_values is None or use_cache is False:
+                                      cache: Any = None, **kwargs: Any) -> dict[str, Any]:
+        """The new tokens and the cache when decoding can be incremental, else the whole prefix.
+        transformers ≥ 5.24 passes the cache as ``cache``, earlier 5.x as ``past_key_values``; it
+        goes back under the name it came in."""
+        name = "cache" if cache is not None else "past_key_values"
+        cache = cache if cache is not None else past_key_values
+        if cache is None or use_cache is False:
             return {"input_ids": input_ids, "attention_mask": attention_mask}
         blocked = blockers(self.posattn.mechanisms())
         padded = attention_mask is not None and not bool(attention_mask.all())
@@ -230,7 +238,7 @@ class PosattnForCausalLM(PosattnPreTrainedModel, GenerationMixin):
                 warnings.warn(f"posattn: {why}; generate recomputes the whole prefix for every token", stacklevel=2)
                 self._warned_recompute = True
             return {"input_ids": input_ids, "attention_mask": attention_mask}
-        return {"input_ids": input_ids[:, past_key_values.get_seq_length():], "past_key_values": past_key_values}
+        return {"input_ids": input_ids[:, cache.get_seq_length():], name: cache}
 
 
 AutoConfig.register("posattn", PosattnConfig, exist_ok=True)
