@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import matplotlib
 
-from .claims import SIGMAS, judge, parse_claims
+from ..claims import SIGMAS, judge, parse_claims
 from .tasks import TASKS
 
 if TYPE_CHECKING:

@@ -23,7 +23,7 @@ from ..tasks import compare
 from ..tasks.compare import _write_json
 from .report import write_plots, write_report
 from ..errors import cell_failure
-from .claims import parse_claims
+from ..claims import parse_claims
 from .run import (Cell, FinetuneConfig, check_encoder, find_checkpoint, fingerprint, run_cell, task_data,
                   tokenizer_path)
 from .tasks import GLUE_SUITE, OFFLINE_SUITE, TASKS
@@ -54,7 +54,7 @@ Config schema (YAML; every key has a default):
   cell_store: str | null    folder of the cells (null: <out>/cells); sweeps naming the same folder share
                             finished cells, keyed by checkpoint content, task, seed and settings
   claims: [{{claim, paper, holds: ["A > B" | "A !> B", ...]}}]   papers' rankings of rows, judged on the
-                            suite scores in report.md (posattn.finetune.claims)
+                            suite scores in report.md (posattn.claims)
 Per-task defaults (Chang et al. 2021, Table 5): lr 3e-4 (QNLI 1e-4), batch 32 (MNLI, QQP 128),
 epochs 3 (RTE, STS-B 10; MNLI, QQP 4), warmup 10% + linear decay, dropout 0.1, weight decay 0,
 Adam eps 1e-6; the best validation evaluation is kept (patience: stop after that many evaluations

@@ -26,6 +26,7 @@ import torch
 import yaml
 from tqdm.auto import tqdm
 
+from posattn.claims import parse_claims
 from posattn.errors import PositionError, cell_failure
 from posattn.mechanisms import registry
 from posattn.models import build_model, load, save
@@ -39,7 +40,7 @@ MODEL_DEFAULTS: dict[str, Any] = {"n_heads": 2, "d_ff": 0, "max_len": None, "dro
 MODEL_ENTRY_KEYS = ("mechanisms", "layers", "label", *MODEL_DEFAULTS)
 EXAMPLE_DEFAULTS = {"train": 20000, "valid": 500, "test": 500}
 TOP_KEYS = ("name", "task", "task_params", "vocab_size", "train_length", "test_lengths", "test_multipliers",
-            "examples", "data_seed", "seeds", "d_model", "models", "training", *MODEL_DEFAULTS)
+            "examples", "data_seed", "seeds", "d_model", "models", "training", "claims", *MODEL_DEFAULTS)
 TRAINING_KEYS = tuple(f.name for f in fields(TrainConfig) if f.name != "seed")
 EVAL_SCORE_BUDGET = 2 ** 25   # batch · length² kept under this at evaluation (attention matrices)
 EVAL_LOGIT_BUDGET = 2 ** 26   # batch · length · vocab kept under this at evaluation (logits)
@@ -73,6 +74,10 @@ Config schema (YAML; every key but `models` has a default):
     lr may be a list: each value is a cell and the report keeps, per model, the one with
     the best validation accuracy. warmup < 1 is a fraction of steps. Training stops early
     once validation accuracy reaches target_accuracy.
+  claims:                    papers' claims, judged on test accuracy at the best lr (posattn.claims)
+    - {{claim: str, paper: str, holds: ["cat (1L) > rope (2L)", "absolute (2L) >= 0.99", ...],
+       at: {{d_model: int, train_length: int, length: int | train | longest}}}}   at: optional;
+                             a key left out means every value (length: the training length)
 Tasks (vocabulary V; token 0 is filler or noise):
   mqar, mqnar      D key-value pairs (keys from [1, V/2), values from [V/2, V); mqnar keys are
                    N-grams), then every key queried once at power-law gaps (Zoology's layout)
@@ -333,6 +338,9 @@ def validate_config(raw: dict[str, Any]) -> Sweep:
             except TaskError as e:
                 errors.append(f"task {task} at length {length} (training length {n}): {e}")
     errors.extend(_check_models(specs, widths, vocab))
+    claims = parse_claims(raw.get("claims"), errors, optional=("at",))
+    for i, c in enumerate(claims):
+        errors.extend(f"claims[{i}].at: {e}" for e in _check_at(c.at, train_lengths, widths))
     if errors:
         raise ConfigError("invalid compare config:\n  - " + "\n  - ".join(errors))
 
@@ -347,8 +355,24 @@ def validate_config(raw: dict[str, Any]) -> Sweep:
               "test_lengths": {str(k): v for k, v in test_lengths.items()}, "examples": examples,
               "data_seed": data_seed, "seeds": seeds, "d_model": widths,
               "models": [{k: v for k, v in s.items() if k != "where"} for s in specs],
-              "training": {**training, "lr": lrs}}
+              "training": {**training, "lr": lrs},
+              "claims": [{"claim": c.claim, "paper": c.paper, "holds": [str(r) for r in c.holds], "at": c.at}
+                         for c in claims]}
     return Sweep(name=config["name"], config=config, cells=cells, test_lengths=test_lengths)
+
+
+def _check_at(at: dict[str, Any], train_lengths: list[int], widths: list[int]) -> list[str]:
+    """Problems of a claim's ``at``: d_model / train_length among the sweep's, length an integer,
+    ``train`` (the training length, the default) or ``longest``."""
+    bad = [f"unknown key {k!r} (d_model, train_length, length)" for k in sorted(set(at) - {"d_model", "train_length",
+                                                                                          "length"})]
+    if "d_model" in at and at["d_model"] not in widths:
+        bad.append(f"d_model {at['d_model']!r} is not one of the sweep's {widths}")
+    if "train_length" in at and at["train_length"] not in train_lengths:
+        bad.append(f"train_length {at['train_length']!r} is not one of the sweep's {train_lengths}")
+    if "length" in at and not (_is_int(at["length"]) or at["length"] in ("train", "longest")):
+        bad.append(f"length must be an integer, train or longest, got {at['length']!r}")
+    return bad
 
 
 def _check_models(specs: list[dict[str, Any]], widths: list[int], vocab: int) -> list[str]:

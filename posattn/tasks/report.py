@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import statistics
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import matplotlib
+
+from posattn.claims import SIGMAS, combine, judge, parse_claims
 
 if TYPE_CHECKING:
     from posattn.tasks.compare import Sweep
@@ -44,6 +46,31 @@ def _labels(sweep: Sweep) -> list[str]:
 def _table(header: list[str], rows: list[list[str]]) -> list[str]:
     return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header),
             *("| " + " | ".join(row) + " |" for row in rows), ""]
+
+
+def claim_settings(sweep: Sweep, at: dict[str, Any]) -> list[tuple[int, int, int]]:
+    """(d_model, training length, test length) settings that a claim's ``at`` covers."""
+    cfg, out = sweep.config, []
+    for n in cfg["train_length"]:
+        length = at.get("length", "train")
+        m = n if length == "train" else max(sweep.test_lengths[n]) if length == "longest" else length
+        if at.get("train_length", n) == n and m in sweep.test_lengths[n]:
+            out += [(d, n, m) for d in cfg["d_model"] if at.get("d_model", d) == d]
+    return out
+
+
+def claim_rows(sweep: Sweep, results: list[dict]) -> list[list[str]]:
+    """One row per claim: every setting it covers judged on per-seed accuracies, then combined."""
+    rows = []
+    for c in parse_claims(sweep.config["claims"], [], optional=("at",)):
+        verdicts, details = [], []
+        for d, n, m in claim_settings(sweep, c.at):
+            stats = {label: _accuracies(_selected(results, label, d, n), m) for label in _labels(sweep)}
+            verdict, lines = judge(c, stats)
+            verdicts.append(verdict)
+            details.append(f"d={d}, trained {n}, tested {m}: " + "; ".join(lines))
+        rows.append([c.claim, c.paper, "<br>".join(details) or "no setting of this sweep", f"**{combine(verdicts)}**"])
+    return rows
 
 
 def write_report(sweep: Sweep, results: list[dict], out: Path) -> Path:
@@ -89,6 +116,9 @@ def write_report(sweep: Sweep, results: list[dict], out: Path) -> Path:
         rows = [[label, *(_mean_std(_selected(results, label, d, n), n) for d in cfg["d_model"])]
                 for label in _labels(sweep)]
         lines += _table(["model", *(f"d={d}" for d in cfg["d_model"])], rows)
+    if cfg.get("claims"):
+        lines += [f"## The paper's claims, judged on test accuracy at the best lr (a difference counts beyond "
+                  f"{SIGMAS:g} s.e.)", "", *_table(["claim", "paper", "ours", "verdict"], claim_rows(sweep, results))]
     if reasons:
         lines += ["## Not applicable", ""] + [f"- {k}: {v}" for k, v in sorted(reasons.items())] + [""]
     path = out / "report.md"

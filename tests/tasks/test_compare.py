@@ -105,6 +105,9 @@ def test_workers_give_the_same_results(swept: Path, tmp_path: Path) -> None:
     ({"d_model": 30, "n_heads": 4}, ["not divisible"]),
     ({"test_lengths": [16], "test_multipliers": [1]}, ["not both"]),
     ({"models": []}, ["models must be a non-empty list"]),
+    ({"claims": [{"claim": "c", "paper": "p", "holds": ["cat (1L) >> x", "cat (1L) > absolute (1L)"],
+                  "at": {"d_model": 48, "length": "max"}}]},
+     ["'cat (1L) >> x' is not", "d_model 48 is not one of the sweep's [16, 32]", "length must be an integer"]),
 ])
 def test_bad_config_gives_one_clear_error(change: dict, messages: list[str]) -> None:
     with pytest.raises(ConfigError) as info:

@@ -4,7 +4,7 @@ import statistics
 
 import pytest
 
-from posattn.finetune.claims import SIGMAS, Judged, Relation, judge, judge_relation, parse_claims
+from posattn.claims import SIGMAS, Judged, Relation, combine, judge, judge_relation, parse_claims
 
 
 def claim(*holds: str) -> list:
@@ -46,3 +46,21 @@ def test_every_bad_claim_is_reported():
                   {"claim": "x", "holds": ["a > b"]}, "not a mapping"], errors)
     assert len(errors) == 4 and "'a >> b'" in errors[0] and "'a > a'" in errors[1]
     assert "claims[1]" in errors[2] and "claims[2]" in errors[3]
+
+
+def test_labels_with_spaces_and_thresholds():
+    assert Relation.parse("cat (1L) !> rope (2L)") == Relation("cat (1L)", "!>", "rope (2L)")
+    assert Relation.parse("absolute (2L) >= 0.99") == Relation("absolute (2L)", ">=", "0.99")
+    assert Relation.parse("absolute (2L) >= rope (2L)") is None        # >= takes a number
+    stats = {"a": [0.99, 1.0, 0.995], "b": [0.90, 0.95, 0.92], "c": [0.97, 0.99, 1.0]}
+    assert judge(claim("a >= 0.99"), stats)[0] == "reproduced"
+    assert judge(claim("b >= 0.99"), stats)[0] == "not reproduced"     # 0.923 ± 0.015: more than 2 s.e. short
+    assert judge(claim("c >= 0.99"), stats)[0] == "not distinguishable at this scale"
+
+
+def test_combine_lets_a_contradiction_anywhere_decide():
+    assert combine(["reproduced", "reproduced"]) == "reproduced"
+    assert combine(["reproduced", "not distinguishable at this scale"]) == "not distinguishable at this scale"
+    assert combine(["reproduced", "not measured"]) == "not measured"
+    assert combine(["not measured", "not reproduced", "reproduced"]) == "not reproduced"
+    assert combine([]) == "not measured"
