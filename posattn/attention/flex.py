@@ -53,22 +53,29 @@ def flex_attend(q: Tensor, k: Tensor, v: Tensor, low: list[LowRank], rest: list[
     q, k, v = fold_low_rank(q, k, v, low, scale, 16)
     big = -(-n // BLOCK) * BLOCK
     extra = big - n
-    q, k, v = (F.pad(x, (0, 0, 0, extra)) for x in (q, k, v))
+
+    def pad(x: Tensor, *sizes: int) -> Tensor:
+        """``F.pad(x, sizes)`` with zeros; ``x`` itself (no copy) when the length needs no padding."""
+        return F.pad(x, sizes) if extra else x
+
+    # pad before expanding: an expanded batch-free bias stays a view, never b copies of it
+    q, k, v = (pad(x, 0, 0, 0, extra) for x in (q, k, v))
     table: Tensor | None = None
     query_prods: list[tuple[Tensor, int]] = []
     key_prods: list[tuple[Tensor, int]] = []
     dense: list[Tensor] = []
     for t in rest:
         if isinstance(t, Toeplitz):    # offsets −(n−1)..n−1 sit at the middle of −(N−1)..N−1
-            part = F.pad(t.table.expand(h, 2 * n - 1), (extra, extra))
+            part = pad(t.table, extra, extra).expand(h, 2 * big - 1)
             table = part if table is None else table + part
         elif isinstance(t, QueryRelative):
             w = t.weight if t.weight.dim() == 3 else t.weight.unsqueeze(0)
-            prod = (torch.einsum("bhid,hmd->bhim", t.vec, w) * t.scale).expand(b, h, n, -1)
-            (key_prods if t.key_side else query_prods).append((F.pad(prod, (0, 0, 0, extra)), t.window))
+            prod = torch.einsum("bhid,hmd->bhim", t.vec, w) * t.scale
+            (key_prods if t.key_side else query_prods).append((pad(prod, 0, 0, 0, extra).expand(b, h, big, -1),
+                                                               t.window))
         elif isinstance(t, Dense):
             bias = t.bias if t.bias.dim() == 4 else t.bias.unsqueeze(0)
-            dense.append(F.pad(bias.expand(b, h, n, n), (0, extra, 0, extra)))
+            dense.append(pad(bias, 0, extra, 0, extra).expand(b, h, big, big))
 
     def score_mod(score: Tensor, bi: Tensor, hi: Tensor, qi: Tensor, ki: Tensor) -> Tensor:
         r = ki - qi
