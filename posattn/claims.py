@@ -63,6 +63,11 @@ class Claim:
     holds: tuple[Relation, ...]
     at: dict[str, Any] = field(default_factory=dict)
 
+    def to_dict(self) -> dict[str, Any]:
+        """The config form that :func:`parse_claims` reads back (``at`` only when given)."""
+        return {"claim": self.claim, "paper": self.paper, "holds": [str(r) for r in self.holds],
+                **({"at": self.at} if self.at else {})}
+
 
 def parse_claims(raw: Any, errors: list[str], optional: tuple[str, ...] = ()) -> list[Claim]:
     """Claims from a config's ``claims`` list; every problem is appended to ``errors``.
@@ -78,6 +83,9 @@ def parse_claims(raw: Any, errors: list[str], optional: tuple[str, ...] = ()) ->
         if not {"claim", "paper", "holds"} <= keys or keys - {"claim", "paper", "holds", *optional}:
             allowed = ", ".join(["claim", "paper", "holds", *(f"{k} (optional)" for k in optional)])
             errors.append(f"claims[{i}]: needs the keys {allowed}; got {entry!r}")
+            continue
+        if not isinstance(entry.get("at", {}), dict):
+            errors.append(f"claims[{i}].at must be a mapping, got {entry['at']!r}")
             continue
         relations = []
         for text in entry["holds"] if isinstance(entry["holds"], list) else [entry["holds"]]:
@@ -136,7 +144,7 @@ def judge(claim: Claim, stats: dict[str, list[float]]) -> tuple[str, list[str]]:
     lines = [str(j) if isinstance(j, Judged) else f"{r}: not measured ({j})" for r, j in zip(claim.holds, judged)]
     if any(isinstance(j, str) for j in judged):
         return "not measured", lines
-    statuses = {j.status for j in judged if isinstance(j, Judged)}
+    statuses = {j.status for j in judged}   # every relation was judged
     if "contradicted" in statuses:
         return "not reproduced", lines
     if "within noise" in statuses:
@@ -148,3 +156,8 @@ def combine(verdicts: list[str]) -> str:
     """One verdict for a claim judged at several settings: the first of :data:`VERDICTS` present
     (a contradiction anywhere decides; reproduced only when reproduced everywhere)."""
     return next((v for v in VERDICTS if v in verdicts), "not measured")
+
+
+def report_row(claim: Claim, verdict: str, details: list[str]) -> list[str]:
+    """The report-table row of a judged claim: claim, paper, our numbers, verdict."""
+    return [claim.claim, claim.paper, "<br>".join(details) or "no setting of this sweep", f"**{verdict}**"]

@@ -167,12 +167,12 @@ def load_offline(name: str, max_train: int | None = None, max_eval: int | None =
         raise TaskError(f"task {name}: empty {', '.join(empty)} split ({len(examples)} examples in all)")
     data = TaskData(task, cap(name, parts["train"], max_train), cap(name, parts["valid"], max_eval),
                     {"test": cap(name, parts["test"], max_eval)})
-    for split, full, kept in [("train", parts["train"], data.train), ("valid", parts["valid"], data.valid),
-                              ("test", parts["test"], data.test["test"])]:
+    for split, full, kept, option, limit in [("train", parts["train"], data.train, "--max-train", max_train),
+                                             ("valid", parts["valid"], data.valid, "--max-eval", max_eval),
+                                             ("test", parts["test"], data.test["test"], "--max-eval", max_eval)]:
         if not kept:
-            option = "--max-train" if split == "train" else "--max-eval"
-            raise TaskError(f"task {name}: {option} {max_train if split == 'train' else max_eval} leaves no {split} "
-                            f"examples (examples of one source are kept together); raise it")
+            raise TaskError(f"task {name}: {option} {limit} leaves no {split} examples (examples of one source "
+                            f"are kept together); raise it")
         if len(kept) < len(full):
             data.notes.append(f"{split} capped to {len(kept)} of {len(full)} examples")
     return data

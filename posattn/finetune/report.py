@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import matplotlib
 
-from ..claims import SIGMAS, judge, parse_claims
+from ..claims import SIGMAS, judge, parse_claims, report_row
 from .tasks import TASKS
 
 if TYPE_CHECKING:
@@ -82,10 +82,7 @@ def write_report(suite: Suite, summary: dict[str, Any], out: Path) -> Path:
              *_table(header, [row(lab, median) for lab in labels])]
     if cfg.get("claims"):
         stats = {lab: list(suite_scores(cells, lab, tasks).values()) for lab in labels}
-        rows = []
-        for c in parse_claims(cfg["claims"], []):
-            verdict, details = judge(c, stats)
-            rows.append([c.claim, c.paper, "<br>".join(details), f"**{verdict}**"])
+        rows = [report_row(c, *judge(c, stats)) for c in parse_claims(cfg["claims"], [])]
         lines += [f"## The papers' claims, judged on Avg (a difference counts beyond {SIGMAS:g} s.e.)", "",
                   *_table(["claim", "paper", "ours: difference of Avg ± s.e.", "verdict"], rows)]
     multi = [(t, s, title) for t, s, title in cols if len(TASKS[t].metrics) > 1]

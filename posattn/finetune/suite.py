@@ -18,12 +18,11 @@ import torch
 import yaml
 from tqdm.auto import tqdm
 
-from ..errors import PositionError
+from ..claims import parse_claims
+from ..errors import PositionError, cell_failure
 from ..tasks import compare
 from ..tasks.compare import _write_json
 from .report import write_plots, write_report
-from ..errors import cell_failure
-from ..claims import parse_claims
 from .run import (Cell, FinetuneConfig, check_encoder, find_checkpoint, fingerprint, run_cell, task_data,
                   tokenizer_path)
 from .tasks import GLUE_SUITE, OFFLINE_SUITE, TASKS
@@ -253,7 +252,7 @@ def validate_config(raw: dict[str, Any]) -> Suite:
               **caps, "max_seq_len": raw.get("max_seq_len"), "training": shared,
               "task_training": {t: v for t, v in overrides.items() if v}, "intermediate": intermediate,
               "checkpoints": [{"path": c["path"], "label": c["label"]} for c in checkpoints], "cell_store": store,
-              "claims": [{"claim": c.claim, "paper": c.paper, "holds": [str(r) for r in c.holds]} for c in claims]}
+              "claims": [c.to_dict() for c in claims]}
     return Suite(config["name"], config, [{k: c[k] for k in ("path", "label", "config")} for c in checkpoints],
                  cells, frozenset(keep), store)
 

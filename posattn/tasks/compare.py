@@ -356,8 +356,7 @@ def validate_config(raw: dict[str, Any]) -> Sweep:
               "data_seed": data_seed, "seeds": seeds, "d_model": widths,
               "models": [{k: v for k, v in s.items() if k != "where"} for s in specs],
               "training": {**training, "lr": lrs},
-              "claims": [{"claim": c.claim, "paper": c.paper, "holds": [str(r) for r in c.holds], "at": c.at}
-                         for c in claims]}
+              "claims": [c.to_dict() for c in claims]}
     return Sweep(name=config["name"], config=config, cells=cells, test_lengths=test_lengths)
 
 

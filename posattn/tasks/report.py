@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import matplotlib
 
-from posattn.claims import SIGMAS, combine, judge, parse_claims
+from posattn.claims import SIGMAS, combine, judge, parse_claims, report_row
 
 if TYPE_CHECKING:
     from posattn.tasks.compare import Sweep
@@ -69,7 +69,7 @@ def claim_rows(sweep: Sweep, results: list[dict]) -> list[list[str]]:
             verdict, lines = judge(c, stats)
             verdicts.append(verdict)
             details.append(f"d={d}, trained {n}, tested {m}: " + "; ".join(lines))
-        rows.append([c.claim, c.paper, "<br>".join(details) or "no setting of this sweep", f"**{combine(verdicts)}**"])
+        rows.append(report_row(c, combine(verdicts), details))
     return rows
 
 

@@ -64,3 +64,12 @@ def test_combine_lets_a_contradiction_anywhere_decide():
     assert combine(["reproduced", "not measured"]) == "not measured"
     assert combine(["not measured", "not reproduced", "reproduced"]) == "not reproduced"
     assert combine([]) == "not measured"
+
+
+def test_at_must_be_a_mapping_and_claims_round_trip():
+    errors: list[str] = []
+    assert parse_claims([{"claim": "x", "paper": "y", "holds": ["a > b"], "at": [64]}], errors, ("at",)) == []
+    assert errors == ["claims[0].at must be a mapping, got [64]"]
+    c = parse_claims([{"claim": "x", "paper": "y", "holds": ["a (1L) !> b", "a (1L) >= 0.9"], "at": {"d_model": 64}}],
+                     errors, ("at",))[0]
+    assert parse_claims([c.to_dict()], errors, ("at",)) == [c] and len(errors) == 1
