@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import matplotlib
 
 from ..claims import SIGMAS, judge, parse_claims, report_row
+from ..markdown import table as md_table
 from .tasks import TASKS
 
 if TYPE_CHECKING:
@@ -51,11 +52,6 @@ def median(values: list[float]) -> str:
     return f"{statistics.median(values):.1f}" if values else "n/a"
 
 
-def _table(header: list[str], rows: list[list[str]]) -> list[str]:
-    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header),
-            *("| " + " | ".join(row) + " |" for row in rows), ""]
-
-
 def write_report(suite: Suite, summary: dict[str, Any], out: Path) -> Path:
     """Write ``report.md``: mean ± s.e. and median tables, all metrics, baselines, settings and notes."""
     cfg, cells = suite.config, summary["cells"]
@@ -77,20 +73,20 @@ def write_report(suite: Suite, summary: dict[str, Any], out: Path) -> Path:
              "Metrics: " + "; ".join(f"{TASKS[t].title} {'/'.join(TASKS[t].metrics)}" for t in tasks) +
              " (a task with two metrics scores their mean, as on the GLUE leaderboard).", "",
              "## Mean ± standard error over seeds (Chang et al. layout)", "",
-             *_table(header, [row(lab, mean_se) for lab in labels] + [chance]),
+             *md_table(header, [row(lab, mean_se) for lab in labels] + [chance]),
              "## Median over seeds (TISA / DIET layout)", "",
-             *_table(header, [row(lab, median) for lab in labels])]
+             *md_table(header, [row(lab, median) for lab in labels])]
     if cfg.get("claims"):
         stats = {lab: list(suite_scores(cells, lab, tasks).values()) for lab in labels}
         rows = [report_row(c, *judge(c, stats)) for c in parse_claims(cfg["claims"], [])]
         lines += [f"## The papers' claims, judged on Avg (a difference counts beyond {SIGMAS:g} s.e.)", "",
-                  *_table(["claim", "paper", "ours: difference of Avg ± s.e.", "verdict"], rows)]
+                  *md_table(["claim", "paper", "ours: difference of Avg ± s.e.", "verdict"], rows)]
     multi = [(t, s, title) for t, s, title in cols if len(TASKS[t].metrics) > 1]
     if multi:
         rows = [[lab, *("/".join(mean_se(list(seed_values(cells, lab, t, s, m).values())).split(" ±")[0]
                                  for m in TASKS[t].metrics) for t, s, _ in multi)] for lab in labels]
         lines += ["## Every metric (means)", "",
-                  *_table(["model", *(f"{title} {'/'.join(TASKS[t].metrics)}" for t, _, title in multi)], rows)]
+                  *md_table(["model", *(f"{title} {'/'.join(TASKS[t].metrics)}" for t, _, title in multi)], rows)]
     lines += ["## Tasks", ""]
     for t in tasks:
         c = first[t]
@@ -125,12 +121,17 @@ def write_report(suite: Suite, summary: dict[str, Any], out: Path) -> Path:
 
 
 def write_plots(suite: Suite, summary: dict[str, Any], out: Path) -> list[Path]:
-    """``scores.png``: per-column mean ± s.e. bars per model; ``suite_score.png``: the per-seed suite scores."""
+    """The sweep's :func:`plot_scores`."""
+    labels = [c["label"] for c in suite.config["checkpoints"]]
+    return plot_scores(suite.name, labels, suite.config["tasks"], summary["cells"], out)
+
+
+def plot_scores(name: str, labels: list[str], tasks: list[str], cells: list[dict], out: Path) -> list[Path]:
+    """``scores.png``: per-column mean ± s.e. bars per model (dotted: the majority class, from a cell's
+    ``baseline``); ``suite_score.png``: the per-seed suite scores. ``cells`` in :func:`seed_values`'s form."""
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    cfg, cells = suite.config, summary["cells"]
-    tasks, labels = cfg["tasks"], [c["label"] for c in cfg["checkpoints"]]
     cols = columns(tasks)
     width = 0.8 / max(1, len(labels))
     fig, ax = plt.subplots(figsize=(max(6, 1.1 * len(cols) + 2), 4))
@@ -140,12 +141,12 @@ def write_plots(suite: Suite, summary: dict[str, Any], out: Path) -> list[Path]:
         errs = [statistics.stdev(v) / math.sqrt(len(v)) if len(v) > 1 else 0 for v in vals]
         ax.bar([j + (i - (len(labels) - 1) / 2) * width for j in range(len(cols))], means, width, yerr=errs,
                label=lab, capsize=2)
-    first = {t: next(c for c in cells if c["task"] == t) for t in tasks}
+    first = {t: next((c for c in cells if c["task"] == t), {}) for t in tasks}
     for j, (t, s, _) in enumerate(cols):
         if first[t].get("baseline"):
             ax.hlines(100 * first[t]["baseline"][s]["score"], j - 0.45, j + 0.45, colors="grey", linestyles=":")
     ax.set_xticks(range(len(cols)), [title for _, _, title in cols], rotation=30)
-    ax.set(ylabel="test score ×100 (dotted: majority class)", title=f"{suite.name}: mean ± s.e. over seeds")
+    ax.set(ylabel="test score ×100 (dotted: majority class)", title=f"{name}: mean ± s.e. over seeds")
     ax.legend(fontsize=7)
     ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()

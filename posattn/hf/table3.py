@@ -1,6 +1,8 @@
 """TISA Table 3 on a pretrained transformers encoder, with posattn finetune's tasks and training loop.
 
-    python -m posattn.hf.table3 [--model minilm] [--tasks trec6 word_order] [--seeds 5] [--out DIR]
+    python -m posattn.hf.table3 [--model minilm] [--tasks TASK ...] [--seeds 5] [--out DIR]
+
+By default: the eight tasks of ``posattn finetune``'s offline suite, ≤ 800 training examples, 2 epochs.
 
 Variants (TISA §5): the model as is; TISA ``supplement`` with S = 1, 3, 5 kernels; TISA
 ``replace`` with S = 5. As in TISA (App. C, for both 3a and 3b) every TISA variant's kernels are
@@ -10,7 +12,9 @@ Each cell (variant, task, seed) fine-tunes a fresh ``AutoModelForSequenceClassif
 :func:`posattn.finetune.run.finetune` (same data, tokenisation, schedule and metrics as
 ``posattn finetune``; the best validation checkpoint is scored on the test split) and writes
 ``cells/<cell>.json``; a rerun skips finished cells. ``results.json`` and ``report.md`` hold the
-median and mean ± s.e. over seeds per variant and task.
+median and mean ± s.e. over seeds per variant and task and of the suite average (computed per seed),
+and TISA's Table-3a claims (:data:`CLAIMS`) judged by :mod:`posattn.claims`; ``scores.png`` and
+``suite_score.png`` plot them.
 """
 from __future__ import annotations
 
@@ -30,8 +34,11 @@ from transformers import AutoModelForSequenceClassification, PreTrainedModel
 
 from ..analysis.hf import resolve
 from ..analysis.tisa_fit import TisaFit
+from ..claims import SIGMAS, judge, parse_claims, report_row
+from ..finetune.report import plot_scores, seed_values, suite_scores
 from ..finetune.run import FinetuneConfig, baseline, encoded, finetune, score
-from ..finetune.tasks import TASKS
+from ..finetune.tasks import OFFLINE_SUITE, TASKS
+from ..markdown import table as md_table
 from .retrofit import add_mechanisms, fit_kernels
 
 VARIANTS: dict[str, tuple[str, int] | None] = {
@@ -73,36 +80,69 @@ def cached_fit(folder: Path, n_kernels: int, path: Path) -> TisaFit:
     return fit
 
 
-def summarise(cells: list[dict[str, Any]]) -> dict[str, dict[str, dict[str, float]]]:
-    """variant -> task -> {median, mean, se, n} of the test scores (× 100)."""
+CLAIMS = parse_claims([
+    {"claim": "TISA added to a pretrained model that keeps its position embeddings improves it (Table 3a; "
+              "S = 5 is best, better on 7 of 8 tasks)",
+     "paper": "ALBERT base v2, GLUE dev median of 5: +0.4 average for S = 5",
+     "holds": ["supplement S=5 > baseline"]},
+    {"claim": "the gains are stable regardless of S (Table 3a)",
+     "paper": "S = 1, 3, 5 each improve on the baseline on most tasks",
+     "holds": ["supplement S=1 > baseline", "supplement S=3 > baseline"]},
+], [])
+
+
+def finetune_cells(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Table-3 cells in ``posattn finetune``'s cell form (label, task, seed, scores, baseline), so that
+    :mod:`posattn.finetune.report` computes the same statistics and plots."""
+    return [{"label": c["variant"], "task": c["task"], "seed": c["seed"], "scores": {"test": c["test"]},
+             "baseline": {"test": {"score": c["majority_baseline"]}}} for c in cells]
+
+
+def summarise(cells: list[dict[str, Any]], tasks: list[str]) -> dict[str, dict[str, dict[str, float]]]:
+    """variant -> task (and ``Avg``, the per-seed mean over ``tasks``) -> {median, mean, se, n} of
+    the test scores × 100."""
+    rows = finetune_cells(cells)
     out: dict[str, dict[str, dict[str, float]]] = {}
-    for c in cells:
-        out.setdefault(c["variant"], {}).setdefault(c["task"], {"scores": []})["scores"].append(100 * c["score"])
-    for tasks in out.values():
-        for t in tasks.values():
-            xs = t.pop("scores")
-            se = statistics.stdev(xs) / math.sqrt(len(xs)) if len(xs) > 1 else float("nan")
-            t.update(median=round(statistics.median(xs), 2), mean=round(statistics.fmean(xs), 2), se=round(se, 2), n=len(xs))
+    present = {c["variant"] for c in cells}
+    for variant in [v for v in VARIANTS if v in present]:
+        per = {t: list(seed_values(rows, variant, t, "test").values()) for t in tasks}
+        per["Avg"] = list(suite_scores(rows, variant, tasks).values())
+        out[variant] = {k: _stats(xs) for k, xs in per.items() if xs}
     return out
 
 
-def report(summary: dict[str, Any], tasks: list[str], meta: dict[str, Any]) -> str:
-    lines = [f"# TISA Table 3 on {meta['model']} (reduced)", "", meta["protocol"], "",
-             "| variant | " + " | ".join(f"{t} median | {t} mean ± s.e." for t in tasks) + " |",
-             "|---|" + "---|---|" * len(tasks)]
-    for variant, per in summary.items():
-        cols = []
-        for t in tasks:
-            s = per.get(t)
-            cols += ["–", "–"] if s is None else [f"{s['median']:.1f}", f"{s['mean']:.1f} ± {s['se']:.1f}"]
-        lines.append(f"| {variant} | " + " | ".join(cols) + " |")
-    return "\n".join(lines) + "\n"
+def _stats(xs: list[float]) -> dict[str, float]:
+    se = statistics.stdev(xs) / math.sqrt(len(xs)) if len(xs) > 1 else float("nan")
+    return {"median": round(statistics.median(xs), 2), "mean": round(statistics.fmean(xs), 2), "se": round(se, 2),
+            "n": len(xs)}
 
 
-def run(model: str = "minilm", tasks: list[str] | None = None, seeds: int = 5, max_train: int = 1000,
-        max_eval: int = 500, lr: float = 1e-4, epochs: float = 3, out: Path = Path("runs/hf/table3"),
+def report(cells: list[dict[str, Any]], tasks: list[str], meta: dict[str, Any]) -> str:
+    """``report.md``: median (mean ± s.e.) per variant and task, the suite average, the majority
+    class, and TISA's claims (:data:`CLAIMS`) judged on the per-seed suite averages."""
+    summary, rows = summarise(cells, tasks), finetune_cells(cells)
+
+    def cell(s: dict[str, float] | None) -> str:
+        return "–" if s is None else f"{s['median']:.1f} ({s['mean']:.1f} ± {s['se']:.1f})"
+
+    titles = [TASKS[t].title for t in tasks]
+    majority = {c["task"]: 100 * c["majority_baseline"] for c in cells}
+    lines = [f"# TISA Table 3 on {meta['model']}", "", meta["protocol"], "",
+             "Median (mean ± s.e.) over seeds; Avg is the mean over the tasks, computed per seed.", "",
+             *md_table(["variant", *titles, "Avg"],
+                     [[v, *(cell(per.get(t)) for t in tasks), cell(per.get("Avg"))] for v, per in summary.items()]
+                     + [["majority class", *(f"{majority[t]:.1f}" if t in majority else "–" for t in tasks), ""]])]
+    stats = {v: list(suite_scores(rows, v, tasks).values()) for v in summary}
+    lines += [f"## TISA's claims, judged on Avg (a difference counts beyond {SIGMAS:g} s.e.)", "",
+              *md_table(["claim", "paper", "ours: difference of Avg ± s.e.", "verdict"],
+                      [report_row(c, *judge(c, stats)) for c in CLAIMS])]
+    return "\n".join(lines)
+
+
+def run(model: str = "minilm", tasks: list[str] | None = None, seeds: int = 5, max_train: int = 800,
+        max_eval: int = 500, lr: float = 1e-4, epochs: float = 2, out: Path = Path("runs/hf/table3"),
         max_len: int = 128) -> dict[str, Any]:
-    tasks = tasks or ["trec6", "word_order"]
+    tasks = tasks or list(OFFLINE_SUITE)
     folder = resolve(model)
     (out / "cells").mkdir(parents=True, exist_ok=True)
     fits = {s: cached_fit(folder, s, out / f"fit-S{s}.npz") for s in sorted({v[1] for v in VARIANTS.values() if v})}
@@ -131,27 +171,29 @@ def run(model: str = "minilm", tasks: list[str] | None = None, seeds: int = 5, m
         path.write_text(json.dumps(cell, indent=2))
         cells.append(cell)
         write(out, cells, tasks, name, str(folder), protocol)  # after every cell: partial results stay
-    return write(out, cells, tasks, name, str(folder), protocol)
+    return write(out, cells, tasks, name, str(folder), protocol, plots=True)
 
 
 def write(out: Path, cells: list[dict[str, Any]], tasks: list[str], name: str, folder: str,
-          protocol: str) -> dict[str, Any]:
-    summary = summarise(cells)
-    result = {"model": folder, "protocol": protocol, "summary": summary, "cells": cells}
+          protocol: str, plots: bool = False) -> dict[str, Any]:
+    """results.json and report.md (and, with ``plots``, scores.png and suite_score.png)."""
+    result = {"model": folder, "protocol": protocol, "summary": summarise(cells, tasks), "cells": cells}
     (out / "results.json").write_text(json.dumps(result, indent=2))
-    (out / "report.md").write_text(report(summary, tasks, {"model": name, "protocol": protocol}))
+    (out / "report.md").write_text(report(cells, tasks, {"model": name, "protocol": protocol}))
+    if plots:
+        plot_scores(f"TISA Table 3 on {name}", list(VARIANTS), tasks, finetune_cells(cells), out)
     return result
 
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m posattn.hf.table3", description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="minilm")
-    p.add_argument("--tasks", nargs="+", default=["trec6", "word_order"])
+    p.add_argument("--tasks", nargs="+", default=list(OFFLINE_SUITE), choices=list(TASKS), metavar="TASK")
     p.add_argument("--seeds", type=int, default=5)
-    p.add_argument("--max-train", type=int, default=1000)
+    p.add_argument("--max-train", type=int, default=800)
     p.add_argument("--max-eval", type=int, default=500)
     p.add_argument("--lr", type=float, default=1e-4)
-    p.add_argument("--epochs", type=float, default=3)
+    p.add_argument("--epochs", type=float, default=2)
     p.add_argument("--out", type=Path, default=Path("runs/hf/table3"))
     a = p.parse_args(argv)
     run(a.model, a.tasks, a.seeds, a.max_train, a.max_eval, a.lr, a.epochs, a.out)

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 import matplotlib
 
 from posattn.claims import SIGMAS, combine, judge, parse_claims, report_row
+from posattn.markdown import table as md_table
 
 if TYPE_CHECKING:
     from posattn.tasks.compare import Sweep
@@ -41,11 +42,6 @@ def _mean_std(cells: list[dict], length: int) -> str:
 
 def _labels(sweep: Sweep) -> list[str]:
     return [m["label"] for m in sweep.config["models"]]
-
-
-def _table(header: list[str], rows: list[list[str]]) -> list[str]:
-    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header),
-            *("| " + " | ".join(row) + " |" for row in rows), ""]
 
 
 def claim_settings(sweep: Sweep, at: dict[str, Any]) -> list[tuple[int, int, int]]:
@@ -104,21 +100,21 @@ def write_report(sweep: Sweep, results: list[dict], out: Path) -> Path:
                              "/".join(str(r["steps"]) for r in cells),
                              f"{statistics.fmean(r['train_seconds'] for r in cells):.0f}",
                              *(_mean_std(cells, m) for m in lengths)])
-            lines += _table(header, rows)
+            lines += md_table(header, rows)
             if len(tr["lr"]) > 1:
                 lines += [f"Learning-rate sweep: accuracy at length {n} (mean ± std over seeds) per lr; "
                           f"the row above uses the lr with the best mean validation accuracy.", ""]
                 grid = [[label, *(_mean_std([r for r in results if r["label"] == label and r["d_model"] == d
                                              and r["train_length"] == n and r["lr"] == lr], n)
                                   for lr in tr["lr"])] for label in _labels(sweep)]
-                lines += _table(["model", *(f"lr {lr:g}" for lr in tr["lr"])], grid)
+                lines += md_table(["model", *(f"lr {lr:g}" for lr in tr["lr"])], grid)
         lines += [f"## Accuracy vs width (trained and tested at {n})", ""]
         rows = [[label, *(_mean_std(_selected(results, label, d, n), n) for d in cfg["d_model"])]
                 for label in _labels(sweep)]
-        lines += _table(["model", *(f"d={d}" for d in cfg["d_model"])], rows)
+        lines += md_table(["model", *(f"d={d}" for d in cfg["d_model"])], rows)
     if cfg.get("claims"):
         lines += [f"## The paper's claims, judged on test accuracy at the best lr (a difference counts beyond "
-                  f"{SIGMAS:g} s.e.)", "", *_table(["claim", "paper", "ours", "verdict"], claim_rows(sweep, results))]
+                  f"{SIGMAS:g} s.e.)", "", *md_table(["claim", "paper", "ours", "verdict"], claim_rows(sweep, results))]
     if reasons:
         lines += ["## Not applicable", ""] + [f"- {k}: {v}" for k, v in sorted(reasons.items())] + [""]
     path = out / "report.md"

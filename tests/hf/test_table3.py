@@ -9,7 +9,7 @@ import torch
 
 tf = pytest.importorskip("transformers")
 
-from posattn.hf.table3 import Classifier, summarise  # noqa: E402
+from posattn.hf.table3 import CLAIMS, Classifier, report, summarise  # noqa: E402
 
 
 def test_classifier_adapter_equals_the_transformers_head():
@@ -26,10 +26,39 @@ def test_classifier_adapter_equals_the_transformers_head():
     assert {id(p) for p in clf.parameters()} == {id(p) for p in model.parameters()}
 
 
-def test_summary_statistics():
-    scores = [0.5, 0.7, 0.65]
-    cells = [{"variant": "v", "task": "t", "score": s} for s in scores]
-    s = summarise(cells)["v"]["t"]
-    xs = [100 * x for x in scores]
+def _cell(variant: str, task: str, seed: int, score: float) -> dict:
+    return {"variant": variant, "task": task, "seed": seed, "score": score,
+            "test": {"accuracy": score, "score": score}, "majority_baseline": 0.5}
+
+
+def test_summary_statistics_per_task_and_per_seed_suite_average():
+    scores = {"trec6": [0.5, 0.7, 0.65], "word_order": [0.4, 0.6, 0.5]}
+    cells = [_cell("baseline", t, seed, x) for t, xs in scores.items() for seed, x in enumerate(xs)]
+    summary = summarise(cells, ["trec6", "word_order"])["baseline"]
+    xs = [100 * x for x in scores["trec6"]]
+    s = summary["trec6"]
     assert s["median"] == round(statistics.median(xs), 2) and s["mean"] == round(statistics.fmean(xs), 2)
     assert s["se"] == round(statistics.stdev(xs) / math.sqrt(3), 2) and s["n"] == 3
+    avg = [100 * (a + b) / 2 for a, b in zip(scores["trec6"], scores["word_order"])]   # per seed, then over seeds
+    assert summary["Avg"]["mean"] == round(statistics.fmean(avg), 2)
+    assert summary["Avg"]["se"] == round(statistics.stdev(avg) / math.sqrt(3), 2)
+
+
+def test_a_seed_missing_a_task_is_left_out_of_the_suite_average():
+    cells = [_cell("baseline", "trec6", 0, 0.5), _cell("baseline", "trec6", 1, 0.7), _cell("baseline", "word_order", 0, 0.9)]
+    summary = summarise(cells, ["trec6", "word_order"])["baseline"]
+    assert summary["trec6"]["n"] == 2 and summary["Avg"]["n"] == 1 and summary["Avg"]["mean"] == 70.0
+
+
+@pytest.mark.parametrize("gain, verdict", [(0.10, "reproduced"), (-0.10, "not reproduced"),
+                                           (0.0, "not distinguishable at this scale")])
+def test_report_judges_tisas_claims_on_the_suite_average(gain, verdict):
+    noise = [0.0, 0.01, -0.01, 0.005, -0.005]
+    cells = [_cell(v, t, seed, 0.6 + e + (gain if v.startswith("supplement") else 0))
+             for v in ("baseline", "supplement S=1", "supplement S=3", "supplement S=5")
+             for t in ("trec6", "word_order") for seed, e in enumerate(noise)]
+    text = report(cells, ["trec6", "word_order"], {"model": "m", "protocol": "p"})
+    claims = text.split("## TISA's claims")[1]
+    assert claims.count(f"**{verdict}**") == len(CLAIMS)
+    assert "| majority class | 50.0 | 50.0 |" in text
+    assert "replace S=5" not in text.split("## TISA's claims")[0]      # rows only for measured variants
