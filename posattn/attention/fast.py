@@ -22,7 +22,9 @@ the term structures, the device and the length, never from a mechanism's name:
 - ``flash_bias`` (CPU): everything else at n > ``dense_max_n`` (full Toeplitz tables, dense
   terms; and tables at inference, where its forward is the fused kernel with a bias *view*), and
   tables that need a gradient from ``dense_grad_max_n`` on (at n = 512 its chunked backward costs
-  ~1.35× the fused kernel against ~1.9× for SDPA's math path on a dense bias):
+  ~1.35× the fused kernel against ~1.9× for SDPA's math path on a dense bias), or from
+  ``fused_grad_max_n`` on where that backward is one fused C++ kernel (:mod:`.native`: tables
+  alone, no padding, float32; then it costs no more than SDPA's own fused backward):
   :mod:`.flash_bias`, linear memory beyond the terms themselves.
 
 The thresholds are CPU measurements (``posattn bench``; 2 threads, head dim 64): the fused
@@ -40,6 +42,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from . import native
 from .banded import BandGeometry, banded_attention
 from .cache import POSITION_CACHE
 from .flash_bias import BiasGeometry, ChunkFn, flash_bias_attention, relative_chunk
@@ -55,6 +58,7 @@ class Policy:
 
     dense_max_n: int = 512  # at or below: one dense bias into SDPA
     dense_grad_max_n: int = 256  # ... but Toeplitz tables that need a gradient: flash-bias above this
+    fused_grad_max_n: int = 128  # ... or above this where flash-bias's backward is the fused kernel
     band_fraction: float = 0.25  # banded only when the band 2w + 1 is at most this fraction of n
     band_min_n: int = 4096  # ... and, for Toeplitz-only terms that need a gradient, n this long
     band_chunk: int | None = None  # query rows per band block; None: max(64, 2w)
@@ -65,6 +69,7 @@ class Policy:
     dense_cache_bytes: int = 1 << 26  # ... cached, while the [h, n, n] bias is at most this big;
     low_rank_dense_max_n: int = 256  # ... in training, up to this length
     use_flex: bool = True  # CUDA: FlexAttention when torch provides it
+    native: bool = True  # CPU: flash-bias's fused C++ backward for learned tables (then at every length)
     force: Path | None = None  # tests and benchmarks: take this path whenever it applies
 
 
@@ -142,7 +147,7 @@ def _needs_grad(tensors: list[Tensor]) -> bool:
 
 
 def plan(q: Tensor, terms: list[Term], causal: bool, dropout: float = 0.0, training: bool = False,
-         policy: Policy | None = None) -> Path:
+         policy: Policy | None = None, keep: Tensor | None = None) -> Path:
     """The algorithm :func:`attend` uses for these arguments."""
     policy = policy or policy_for(q.device)
     terms = _resolve(terms, causal, q, policy)
@@ -166,13 +171,22 @@ def plan(q: Tensor, terms: list[Term], causal: bool, dropout: float = 0.0, train
     if policy.force == "banded" and banded_ok:
         return "banded"
     grads = _needs_grad(_term_tensors(rest))
-    learned_positions = grads and _position_only(rest) and n > policy.dense_grad_max_n
+    shortest = policy.fused_grad_max_n if _fused_table_backward(q, rest, keep, policy) else policy.dense_grad_max_n
+    learned_positions = grads and _position_only(rest) and n > shortest
     if n <= policy.dense_max_n and not learned_positions:
         return "dense"
     relative = any(isinstance(t, QueryRelative) for t in rest)
     if banded_ok and (relative or (grads and n >= policy.band_min_n)):
         return "banded"
     return "flash_bias"
+
+
+def _fused_table_backward(q: Tensor, rest: list[Term], keep: Tensor | None, policy: Policy) -> bool:
+    """Flash-bias's backward is one fused kernel (:mod:`.native`) here: tables alone, no padding,
+    float32, and the kernel built. Then flash-bias beats the dense bias from n = 256 on (layer
+    training step ÷ SDPA, b = 16: 1.03 against 1.06; at n = 128 they tie)."""
+    return (policy.native and keep is None and q.dtype == torch.float32
+            and all(isinstance(t, Toeplitz) for t in rest) and native.kernels() is not None)
 
 
 def _low_rank_as_bias(q: Tensor, low: list[LowRank], policy: Policy) -> bool:
@@ -221,7 +235,7 @@ def attend(
     """Attention output [b, h, n, d_v], equal to :func:`posattn.attention.reference.attend`."""
     policy = policy or policy_for(q.device)
     terms = _resolve(terms, causal, q, policy)  # once: plan's own _resolve leaves resolved terms as they are
-    path = plan(q, terms, causal, dropout, training, policy)
+    path = plan(q, terms, causal, dropout, training, policy, keep)
     low = [t for t in terms if isinstance(t, LowRank)]
     rest = [t for t in terms if not isinstance(t, LowRank)]
     scale = 1.0 / math.sqrt(q.shape[-1])
@@ -367,6 +381,6 @@ def _flash_bias(q: Tensor, k: Tensor, v: Tensor, rest: list[Term], keep: Tensor 
         else:
             extras.append((_dense_chunk, 1))
             inputs.append(t.dense(n))
-    geo = BiasGeometry(causal, keep, policy.flash_chunk, policy.grad_chunk, extras=tuple(extras))
+    geo = BiasGeometry(causal, keep, policy.flash_chunk, policy.grad_chunk, extras=tuple(extras), native=policy.native)
     return flash_bias_attention(q, k, v, geo, table, inputs)
 

@@ -15,6 +15,8 @@ view, no index scatter. Other bias terms (query-relative, dense) are rebuilt per
 differentiated with autograd.
 
 Padding, or terms other than one Toeplitz table, materialize the bias per chunk (still linear).
+With one Toeplitz table alone (no padding, float32) the backward is one fused C++ kernel,
+:mod:`.native`, where it builds: the same arithmetic, with each block of dS in cache.
 """
 from __future__ import annotations
 
@@ -26,9 +28,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from . import native
 from .kernels import flash_bwd, flash_fwd, reduce_to
 
 NEG = float("-inf")
+NATIVE_BLOCK = 256  # query rows per block of the fused kernel (n = 512: 256 and 512 tie, 128 is 4% slower)
 
 # builds an extra bias chunk [b|1, h|1, i1 − i0, n − j0] over reversed keys j' ∈ [j0, n)
 ChunkFn = Callable[[Sequence[Tensor], int, int, int], Tensor]
@@ -44,6 +48,7 @@ class BiasGeometry:
     grad_chunk: int = 256  # query rows per explicit backward step
     max_chunk_elems: int = 1 << 24  # materialized chunks [b, h, rows, n] stay below this size
     extras: tuple[tuple[ChunkFn, int], ...] = field(default=())  # (builder, number of inputs)
+    native: bool = True  # the fused C++ backward (:mod:`.native`) where it applies and builds
 
 
 def antidiag_sum(x: Tensor) -> Tensor:
@@ -218,6 +223,12 @@ class FlashBias(torch.autograd.Function):
         if not want_table and not any(want_extra):
             return (None, *_fused_backward(geo, masks, q, kr, vr, extra_inputs, out, lse, do),
                     None, *[None] * len(extra_inputs))
+        lib = (native.kernels() if geo.native and want_table and not masks.materialize
+               and q.dtype == torch.float32 and table.dim() == 2 else None)
+        if lib is not None:  # one table, nothing else: every gradient from the fused kernel
+            dq, dk, dv, dtable = lib.toeplitz_backward(q, kr.flip(-2), vr.flip(-2), table, out, lse, do,
+                                                       geo.causal, NATIVE_BLOCK)
+            return (None, dq, dk, dv, dtable)
         d = (do * out).sum(-1)
         dq = torch.empty_like(q)
         dkr, dvr = torch.zeros_like(kr), torch.zeros_like(vr)

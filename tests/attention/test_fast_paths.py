@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 import posattn
-from posattn.attention import fast, reference
+from posattn.attention import fast, native, reference
 from posattn.attention.banded import BandGeometry, banded_attention
 from posattn.attention.cache import POSITION_CACHE
 from posattn.attention.fast import Policy, plan, using
@@ -261,10 +261,12 @@ def test_forced_dense_and_flash_bias_agree_for_windowed_terms(causal: bool) -> N
         compare(q, k, v, terms, [q, k, v, *params], None, causal, Policy(**SMALL, force=path), path)
 
 
-def test_plan_by_length_and_structure() -> None:
+def test_plan_by_length_and_structure(monkeypatch: pytest.MonkeyPatch) -> None:
     """Defaults: dense bias for short inputs; at long ones banded for query/key-relative terms
     and for clipped tables that need a gradient, flash-bias for full tables and at inference;
-    no bias at all for low-rank terms; never by mechanism name."""
+    no bias at all for low-rank terms; never by mechanism name. (Without the fused kernel;
+    with it, see the next test.)"""
+    monkeypatch.setattr(native, "kernels", lambda: None)
     h = 4
     for n, windowed, full in ((256, "dense", "dense"), (4096, "banded", "flash_bias")):
         q = torch.zeros(1, h, n, 8)
@@ -286,6 +288,24 @@ def test_plan_by_length_and_structure() -> None:
         assert plan(q, [Toeplitz(table)], False) == "dense"
     q = torch.zeros(1, h, 4096, 8)
     assert plan(q, [Toeplitz(torch.zeros(h, 8191), window=1500)], False) == "flash_bias"
+
+
+def test_plan_with_the_fused_table_backward(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where flash-bias's backward is the fused kernel (tables alone, float32, no padding),
+    learned tables take it from ``fused_grad_max_n`` on instead of ``dense_grad_max_n``."""
+    monkeypatch.setattr(native, "kernels", lambda: object())
+    h, n = 4, 256
+    q = torch.zeros(1, h, n, 8)
+    table = torch.zeros(h, 2 * n - 1, requires_grad=True)
+    assert plan(q, [Toeplitz(table)], False) == "flash_bias"
+    assert plan(q, [Toeplitz(table, window=8)], True) == "flash_bias"
+    assert plan(q[..., :128, :], [Toeplitz(table[:, 128:-128])], False) == "dense"
+    keep = torch.ones(1, n, dtype=torch.bool)
+    assert plan(q, [Toeplitz(table)], False, keep=keep) == "dense"                       # padding
+    assert plan(q.double(), [Toeplitz(table.double())], False) == "dense"                 # float64
+    assert plan(q, [Toeplitz(table)], False, policy=Policy(native=False)) == "dense"      # turned off
+    with torch.no_grad():
+        assert plan(q, [Toeplitz(table)], False) == "dense"                               # no gradient
 
 
 def test_term_methods() -> None:

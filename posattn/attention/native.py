@@ -1,0 +1,48 @@
+"""Fused CPU kernels in C++ (``csrc/``), compiled on first use by ``torch.utils.cpp_extension``.
+
+PyTorch's fused CPU attention kernels return no gradient for an additive bias, so a learned
+Toeplitz table's gradient (the anti-diagonal sums of dS) would need dS in memory, chunk by chunk,
+around a dozen passes over [b, h, rows, n] tensors. ``csrc/toeplitz_backward.cpp`` computes it
+inside a flash-style backward instead (its header explains how); :mod:`.flash_bias` calls it.
+
+Needs a C++ compiler with OpenMP and a CPU with AVX2 (the kernel is compiled for it). Compiled
+once per machine into torch's extensions folder (``TORCH_EXTENSIONS_DIR``, ~30 s); where it cannot
+be built, one warning says why and the pure-PyTorch backward is used. ``POSATTN_NATIVE=0`` turns it
+off.
+"""
+from __future__ import annotations
+
+import functools
+import os
+import warnings
+from pathlib import Path
+from types import ModuleType
+
+import torch
+
+SOURCES = [Path(__file__).parent / "csrc" / "toeplitz_backward.cpp"]
+FLAGS = ["-O3", "-fopenmp", "-mavx2", "-mfma", "-DCPU_CAPABILITY=AVX2", "-DCPU_CAPABILITY_AVX2"]
+
+
+def enabled() -> bool:
+    """Whether the kernels may be used here: not turned off, and a CPU they are compiled for."""
+    return (os.environ.get("POSATTN_NATIVE", "1") != "0"
+            and torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512"))
+
+
+@functools.cache
+def kernels() -> ModuleType | None:
+    """The compiled module, or None (with one warning) where it cannot be built or is turned off."""
+    if not enabled():
+        return None
+    from torch.utils.cpp_extension import load
+
+    try:
+        return load(name="posattn_native", sources=[str(s) for s in SOURCES], extra_cflags=FLAGS,
+                    extra_ldflags=["-fopenmp"], verbose=False)
+    except Exception as e:  # no compiler, no ninja, no writable cache: fall back, say why once
+        warnings.warn(f"posattn: the fused CPU kernels could not be built ({type(e).__name__}: "
+                      f"{str(e).strip().splitlines()[-1] if str(e).strip() else ''}); using the PyTorch "
+                      f"backward (slower for learned position tables). POSATTN_NATIVE=0 silences this.",
+                      stacklevel=2)
+        return None

@@ -1,0 +1,122 @@
+"""The fused C++ backward for learned Toeplitz tables (posattn/attention/csrc), against the
+float64 reference and the pure-PyTorch flash-bias backward it replaces."""
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import torch
+
+from posattn.attention import fast, native, reference
+from posattn.attention.fast import Policy, plan
+from posattn.attention.flash_bias import NATIVE_BLOCK
+from posattn.attention.terms import Toeplitz
+
+if shutil.which("c++") is None or not native.enabled():
+    pytest.skip("the fused CPU kernels need a C++ compiler and an AVX2 CPU", allow_module_level=True)
+
+
+@pytest.fixture(scope="module")
+def lib():
+    built = native.kernels()
+    assert built is not None, "a C++ compiler is here, so the fused kernels must build"
+    return built
+
+
+@pytest.fixture
+def calls(lib, monkeypatch):
+    """Counts the fused kernel's calls through :func:`native.kernels`."""
+    seen: list[int] = []
+
+    class Counting:
+        def toeplitz_backward(self, *args):
+            seen.append(1)
+            return lib.toeplitz_backward(*args)
+
+    monkeypatch.setattr(native, "kernels", lambda: Counting())
+    return seen
+
+
+def inputs(b: int, h: int, ht: int, n: int, d: int, seed: int) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(b, h, n, d, generator=g, dtype=torch.float64) for _ in range(3))
+    table = torch.randn(ht, 2 * n - 1, generator=g, dtype=torch.float64)
+    return [q, k, v, table]
+
+
+def gradients(leaves: list[torch.Tensor], causal: bool, path: str, grad_out: torch.Tensor) -> list[torch.Tensor]:
+    """Output and gradients of q, k, v and the table, on the reference path or the fast path
+    forced to flash-bias, in the leaves' dtype."""
+    q, k, v, table = (x.detach().requires_grad_() for x in leaves)
+    terms = [Toeplitz(table)]
+    if path == "reference":
+        out = reference.attend(q, k, v, terms, None, causal)
+    else:
+        policy = Policy(force="flash_bias")
+        assert plan(q, terms, causal, policy=policy) == "flash_bias"
+        out = fast.attend(q, k, v, terms, None, causal, policy=policy)
+    return [out, *torch.autograd.grad(out, [q, k, v, table], grad_out.to(out.dtype))]
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["enc", "dec"])
+@pytest.mark.parametrize("b, h, ht, n, d", [(2, 3, 3, 37, 8), (2, 3, 1, 37, 8), (1, 2, 2, NATIVE_BLOCK + 45, 16)])
+def test_fused_backward_equals_the_reference(calls, causal, b, h, ht, n, d):
+    leaves = inputs(b, h, ht, n, d, seed=n + ht)
+    grad_out = torch.randn(b, h, n, d, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    ref = gradients(leaves, causal, "reference", grad_out)
+    got = gradients([x.float() for x in leaves], causal, "fast", grad_out)
+    assert len(calls) == 1
+    for name, a, r in zip(["output", "dq", "dk", "dv", "dtable"], got, ref):
+        err = (a.double() - r).abs().max().item()
+        assert err <= 2e-5 * (1 + r.abs().max().item()), f"{name}: max error {err:.2e}"
+
+
+def test_fused_and_pytorch_backward_agree(lib, monkeypatch):
+    """The kernel and the chunked PyTorch backward it replaces give the same float32 gradients."""
+    leaves = [x.float() for x in inputs(2, 4, 4, 300, 16, seed=3)]
+    grad_out = torch.randn(2, 4, 300, 16, generator=torch.Generator().manual_seed(2))
+    fused = gradients(leaves, False, "fast", grad_out)
+    monkeypatch.setattr(native, "kernels", lambda: None)
+    plain = gradients(leaves, False, "fast", grad_out)
+    for name, a, r in zip(["output", "dq", "dk", "dv", "dtable"], fused, plain):
+        torch.testing.assert_close(a, r, rtol=1e-4, atol=1e-4, msg=name)
+
+
+def test_inside_a_model_whose_activations_require_grad(calls):
+    """In a layer the saved q, k, v require grad, and the kernel's worker threads have grad mode on."""
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 40, 8, requires_grad=True)
+    q, k, v = x * 1.5, x * 0.5, x.flip(-2)
+    table = torch.randn(3, 79, requires_grad=True)
+    fast.attend(q, k, v, [Toeplitz(table)], None, False, policy=Policy(force="flash_bias")).sum().backward()
+    assert len(calls) == 1 and x.grad is not None and table.grad is not None
+
+
+def test_not_used_where_it_does_not_apply(calls):
+    """float64, padding, or a second term: the PyTorch backward (the kernel handles one table)."""
+    q, k, v, table = (x.requires_grad_() for x in inputs(1, 2, 2, 40, 8, seed=0))
+    policy = Policy(force="flash_bias")
+    fast.attend(q, k, v, [Toeplitz(table)], None, False, policy=policy).sum().backward()
+    q32, k32, v32, t32 = (x.detach().float().requires_grad_() for x in (q, k, v, table))
+    keep = torch.ones(1, 40, dtype=torch.bool)
+    keep[0, -3:] = False
+    fast.attend(q32, k32, v32, [Toeplitz(t32)], keep, False, policy=policy).sum().backward()
+    assert calls == []
+
+
+def test_turned_off_by_the_environment(monkeypatch):
+    monkeypatch.setenv("POSATTN_NATIVE", "0")
+    native.kernels.cache_clear()
+    try:
+        assert not native.enabled() and native.kernels() is None
+    finally:
+        monkeypatch.delenv("POSATTN_NATIVE")
+        native.kernels.cache_clear()
+
+
+def test_kernel_rejects_bad_input(lib):
+    q = torch.randn(1, 2, 8, 4)
+    with pytest.raises(RuntimeError, match="table must be"):
+        lib.toeplitz_backward(q, q, q, torch.randn(3, 15), q, torch.randn(1, 2, 8), q, False, 4)
+    with pytest.raises(RuntimeError, match="float32"):
+        lib.toeplitz_backward(q.double(), q, q, torch.randn(2, 15), q, torch.randn(1, 2, 8), q, False, 4)
