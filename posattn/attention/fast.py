@@ -46,10 +46,11 @@ from . import native
 from .banded import BandGeometry, banded_attention
 from .cache import POSITION_CACHE
 from .flash_bias import BiasGeometry, ChunkFn, flash_bias_attention, relative_chunk
+from .fused import fused_attention, kernel_inputs
 from .masking import allowed_mask
 from .terms import Dense, LowRank, QueryRelative, Term, Toeplitz
 
-Path = Literal["sdpa", "dense", "banded", "flash_bias", "flex"]
+Path = Literal["sdpa", "dense", "banded", "flash_bias", "fused", "flex"]
 
 
 @dataclass(frozen=True)
@@ -170,11 +171,13 @@ def plan(q: Tensor, terms: list[Term], causal: bool, dropout: float = 0.0, train
         return policy.force
     if policy.force == "banded" and banded_ok:
         return "banded"
+    if policy.force == "fused" and _fusable(q, rest, keep, policy):
+        return "fused"
     grads = _needs_grad(_term_tensors(rest))
     shortest = policy.fused_grad_max_n if _fused_table_backward(q, rest, keep, policy) else policy.dense_grad_max_n
     learned_positions = grads and _position_only(rest) and n > shortest
     if n <= policy.dense_max_n and not learned_positions:
-        return "dense"
+        return "fused" if not _position_only(rest) and _fusable(q, rest, keep, policy) else "dense"
     relative = any(isinstance(t, QueryRelative) for t in rest)
     if banded_ok and (relative or (grads and n >= policy.band_min_n)):
         return "banded"
@@ -185,8 +188,13 @@ def _fused_table_backward(q: Tensor, rest: list[Term], keep: Tensor | None, poli
     """Flash-bias's backward is one fused kernel (:mod:`.native`) here: tables alone, no padding,
     float32, and the kernel built. Then flash-bias beats the dense bias from n = 256 on (layer
     training step ÷ SDPA, b = 16: 1.03 against 1.06; at n = 128 they tie)."""
-    return (policy.native and keep is None and q.dtype == torch.float32
-            and all(isinstance(t, Toeplitz) for t in rest) and native.kernels() is not None)
+    return (_fusable(q, rest, keep, policy) and _position_only(rest))
+
+
+def _fusable(q: Tensor, rest: list[Term], keep: Tensor | None, policy: Policy) -> bool:
+    """The fused C++ kernels (:mod:`.fused`, :mod:`.native`) take these terms here."""
+    return (policy.native and keep is None and q.dtype == torch.float32 and all(t.fusable() for t in rest)
+            and native.kernels() is not None)
 
 
 def _low_rank_as_bias(q: Tensor, low: list[LowRank], policy: Policy) -> bool:
@@ -252,6 +260,8 @@ def attend(
     q2, k2, v2 = fold_low_rank(q, k, v, low, scale, policy.width_multiple)
     if path == "banded":
         o = _banded(q2, k2, v2, rest, keep, causal, scale, policy)
+    elif path == "fused":
+        o = fused_attention(q2, k2, v2, kernel_inputs(rest), causal)
     else:
         o = _flash_bias(q2, k2, v2, rest, keep, causal, policy)
     return o[..., :d_v]

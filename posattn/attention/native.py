@@ -1,9 +1,12 @@
 """Fused CPU kernels in C++ (``csrc/``), compiled on first use by ``torch.utils.cpp_extension``.
 
-PyTorch's fused CPU attention kernels return no gradient for an additive bias, so a learned
-Toeplitz table's gradient (the anti-diagonal sums of dS) would need dS in memory, chunk by chunk,
-around a dozen passes over [b, h, rows, n] tensors. ``csrc/toeplitz_backward.cpp`` computes it
-inside a flash-style backward instead (its header explains how); :mod:`.flash_bias` calls it.
+PyTorch's fused CPU attention kernels take a bias only as a materialised [b, h, n, n] tensor and
+return no gradient for it, so a learned table's gradient (the anti-diagonal sums of dS) or a
+clipped relative term's (band sums of dS) needs dS in memory: about a dozen passes over
+[b, h, rows, n] tensors. ``csrc/biased_attention.cpp`` adds the bias from its small inputs and
+reduces dS into their gradients inside a flash-style forward and backward instead (its header
+explains how): :mod:`.flash_bias` uses its backward for tables, :mod:`.fused` both for tables and
+query/key-relative bands.
 
 Needs a C++ compiler with OpenMP and a CPU with AVX2 (the kernel is compiled for it). Compiled
 once per machine into torch's extensions folder (``TORCH_EXTENSIONS_DIR``, ~30 s); where it cannot
@@ -20,7 +23,7 @@ from types import ModuleType
 
 import torch
 
-SOURCES = [Path(__file__).parent / "csrc" / "toeplitz_backward.cpp"]
+SOURCES = [Path(__file__).parent / "csrc" / "biased_attention.cpp"]
 FLAGS = ["-O3", "-fopenmp", "-mavx2", "-mfma", "-DCPU_CAPABILITY=AVX2", "-DCPU_CAPABILITY_AVX2"]
 
 

@@ -50,6 +50,15 @@ class Term:
         """The fastest exact dense form [b|1, h|1, n, n] (the fast path's dense bias)."""
         return self.dense(n)
 
+    def fusable(self) -> bool:
+        """Whether the fused C++ kernels (:mod:`.fused`) take this term (:meth:`kernel_input`)."""
+        return False
+
+    def kernel_input(self) -> tuple[str, Tensor]:
+        """(name, tensor) of this term as an input of the fused C++ kernels: ``table``
+        [h|1, 2n − 1], or ``qband`` / ``kband`` [b, h, n, 2w + 1]."""
+        raise NotImplementedError
+
 
 @dataclass
 class Toeplitz(Term):
@@ -77,6 +86,12 @@ class Toeplitz(Term):
 
     def constant_beyond(self) -> int | None:
         return self.window
+
+    def fusable(self) -> bool:
+        return self.table.dim() == 2
+
+    def kernel_input(self) -> tuple[str, Tensor]:
+        return "table", self.table
 
 
 @dataclass
@@ -133,11 +148,21 @@ class QueryRelative(Term):
     def constant_beyond(self) -> int | None:
         return self.window
 
+    def products(self) -> Tensor:
+        """[b, h, n, 2w + 1]: scale · vec_i · W[r] for every offset r of the window."""
+        w = self.weight if self.weight.dim() == 3 else self.weight.unsqueeze(0)  # [h|1, 2w+1, d]
+        return torch.einsum("bhid,hmd->bhim", self.vec, w) * self.scale
+
+    def fusable(self) -> bool:
+        return True
+
+    def kernel_input(self) -> tuple[str, Tensor]:
+        return "kband" if self.key_side else "qband", self.products()
+
     def bias(self, n: int) -> Tensor:
         """[b, h, n, n] gathered from the [b, h, n, 2w+1] products q·W[r]ᵀ, never Shaw's
         n×n×d tensor."""
-        w = self.weight if self.weight.dim() == 3 else self.weight.unsqueeze(0)  # [h|1, 2w+1, d]
-        prod = torch.einsum("bhid,hmd->bhim", self.vec, w) * self.scale
+        prod = self.products()
         r = relative_index(n, self.vec.device) - (n - 1)
         idx = (r.T if self.key_side else r).clamp(-self.window, self.window) + self.window  # [n, n]
         if self.key_side:  # t_ij = prod[j, idx_ij]

@@ -10,7 +10,7 @@ import torch
 from posattn.attention import fast, native, reference
 from posattn.attention.fast import Policy, plan
 from posattn.attention.flash_bias import NATIVE_BLOCK
-from posattn.attention.terms import Toeplitz
+from posattn.attention.terms import QueryRelative, Toeplitz
 
 if shutil.which("c++") is None or not native.enabled():
     pytest.skip("the fused CPU kernels need a C++ compiler and an AVX2 CPU", allow_module_level=True)
@@ -29,9 +29,11 @@ def calls(lib, monkeypatch):
     seen: list[int] = []
 
     class Counting:
-        def toeplitz_backward(self, *args):
+        biased_forward = lib.biased_forward
+
+        def biased_backward(self, *args):
             seen.append(1)
-            return lib.toeplitz_backward(*args)
+            return lib.biased_backward(*args)
 
     monkeypatch.setattr(native, "kernels", lambda: Counting())
     return seen
@@ -117,6 +119,62 @@ def test_turned_off_by_the_environment(monkeypatch):
 def test_kernel_rejects_bad_input(lib):
     q = torch.randn(1, 2, 8, 4)
     with pytest.raises(RuntimeError, match="table must be"):
-        lib.toeplitz_backward(q, q, q, torch.randn(3, 15), q, torch.randn(1, 2, 8), q, False, 4)
+        lib.biased_backward(q, q, q, torch.randn(3, 15), None, None, q, torch.randn(1, 2, 8), q, False, 4)
     with pytest.raises(RuntimeError, match="float32"):
-        lib.toeplitz_backward(q.double(), q, q, torch.randn(2, 15), q, torch.randn(1, 2, 8), q, False, 4)
+        lib.biased_backward(q.double(), q, q, torch.randn(2, 15), None, None, q, torch.randn(1, 2, 8), q, False, 4)
+
+
+def relative_weight(h: int, d: int, window: int, per_head: bool, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(*((h,) if per_head else ()), 2 * window + 1, d, generator=g, dtype=torch.float64)
+
+
+CASES = {  # name -> [(kind, window, per_head)]: kind "table", "q" (query-relative) or "k" (key-relative)
+    "table": [("table", 0, True)],
+    "query-relative": [("q", 3, True)],
+    "key-relative": [("k", 2, False)],
+    "query-relative wider than n": [("q", 50, False)],
+    "two query windows + key + table": [("q", 2, True), ("q", 5, False), ("k", 4, True), ("table", 0, True)],
+}
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["enc", "dec"])
+@pytest.mark.parametrize("case", list(CASES))
+def test_fused_path_equals_the_reference(calls, case, causal):
+    """Forward and backward kernels (tables and clipped query/key-relative bands, summed and
+    widened) against the float64 reference: outputs and every gradient, including W's."""
+    b, h, n, d = 2, 3, 37, 8
+    q, k, v, table = inputs(b, h, h, n, d, seed=7)
+    specs = CASES[case]
+    weights = [table if kind == "table" else relative_weight(h, d, win, per_head, seed=i)
+               for i, (kind, win, per_head) in enumerate(specs)]
+
+    def run(dtype: torch.dtype, path: str) -> list[torch.Tensor]:
+        qq, kk, vv = (x.detach().to(dtype).requires_grad_() for x in (q, k, v))
+        ws = [w.detach().to(dtype).requires_grad_() for w in weights]
+        terms = [Toeplitz(w) if kind == "table"
+                 else QueryRelative(kk if kind == "k" else qq, w, win, 0.3, key_side=kind == "k")
+                 for (kind, win, _), w in zip(specs, ws)]
+        if path == "reference":
+            out = reference.attend(qq, kk, vv, terms, None, causal)
+        else:
+            policy = Policy(force="fused")
+            assert plan(qq, terms, causal, policy=policy) == "fused"
+            out = fast.attend(qq, kk, vv, terms, None, causal, policy=policy)
+        g = torch.randn(out.shape, generator=torch.Generator().manual_seed(3), dtype=torch.float64).to(dtype)
+        return [out, *torch.autograd.grad(out, [qq, kk, vv, *ws], g)]
+
+    ref, got = run(torch.float64, "reference"), run(torch.float32, "fast")
+    assert len(calls) == 1
+    for i, (a, r) in enumerate(zip(got, ref)):
+        err = (a.double() - r).abs().max().item()
+        assert err <= 3e-5 * (1 + r.abs().max().item()), f"tensor {i}: max error {err:.2e}"
+
+
+def test_relative_terms_take_the_fused_path_by_default():
+    """Query-relative terms in training at n ≤ dense_max_n, no padding, float32: fused."""
+    q = torch.zeros(1, 2, 64, 8, requires_grad=True)
+    w = torch.zeros(9, 8, requires_grad=True)
+    assert plan(q, [QueryRelative(q, w, 4, 1.0)], False) == "fused"
+    assert plan(q, [QueryRelative(q, w, 4, 1.0)], False, keep=torch.ones(1, 64, dtype=torch.bool)) == "dense"
+    assert plan(q, [QueryRelative(q, w, 4, 1.0)], False, policy=Policy(native=False)) == "dense"

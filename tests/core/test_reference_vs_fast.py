@@ -104,7 +104,8 @@ LOW_RANK_OR_NOTHING = ["none", "absolute", "sinusoidal", "rope", "cat", "conv_qk
 @pytest.mark.parametrize("name", [n for n in NAMES if n not in MIXERS])  # the softmax path's structure
 def test_fast_path_structure(name, causal, monkeypatch):
     """The fast path never materialises Shaw's n×n×d tensor or a low-rank n×n term, and with
-    only low-rank terms (or causal ALiBi in a decoder) and no padding it hands SDPA no mask."""
+    only low-rank terms (or causal ALiBi in a decoder) and no padding it hands SDPA no mask.
+    One attention call per layer: SDPA, or the fused kernels (relative terms, no mask at all)."""
     import torch.nn.functional as F
 
     from posattn.attention import fast, terms
@@ -123,6 +124,13 @@ def test_fast_path_structure(name, causal, monkeypatch):
         return real(*args, **kwargs)
 
     monkeypatch.setattr(fast.F, "scaled_dot_product_attention", spy)
+    real_fused = fast.fused_attention
+
+    def fused_spy(*args, **kwargs):
+        masks.append("fused")
+        return real_fused(*args, **kwargs)
+
+    monkeypatch.setattr(fast, "fused_attention", fused_spy)
     m = model([name], causal=causal, path="fast", dtype=torch.float32)
     ids = tokens(2, N)
     h = run(m, ids, None, None if causal else segments_for(ids))

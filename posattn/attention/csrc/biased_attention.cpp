@@ -1,0 +1,290 @@
+// Fused CPU attention with a relative-position bias: softmax(q kᵀ + B) v (scale 1), forward and
+// backward, where B sums any of
+//   a Toeplitz table      B_ij = T[j − i]                           (table [H|1, 2n − 1])
+//   a query-side band     B_ij = Q_i[clip(j − i, −w, w) + w]        (qband [B, H, n, 2w + 1])
+//   a key-side band       B_ij = K_j[clip(i − j, −v, v) + v]        (kband [B, H, n, 2v + 1])
+// (learned tables: T5, TISA, DIET-REL, fixed convolutions; clipped relative terms q·W[·] and
+// k·W[·]: dynamic / composite / key-dynamic convolutions, Shaw et al.).
+//
+// PyTorch's fused CPU kernels take a bias only as a materialised [b, h, n, n] tensor and never
+// return its gradient. Here, per (batch, head) and block of query rows, S = q kᵀ (one GEMM) gets
+// the bias added row by row from the small inputs while the block is in cache; the backward
+// recomputes it, forms dS = P ∘ (dP − D) (dP = dO vᵀ, one GEMM; D_i = Σ dO_i·O_i) and reduces dS
+// into the inputs' gradients in the same pass (table: anti-diagonal sums over the batch; bands:
+// the window, plus the row / column sums of the clipped tails), then dq = dS k, dk += dSᵀ q,
+// dv += Pᵀ dO (three GEMMs). No n×n tensor is ever in memory.
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+#include <ATen/cpu/vec/vec.h>
+
+#include <algorithm>
+#include <optional>
+#include <vector>
+
+using at::Tensor;
+using Vec = at::vec::Vectorized<float>;
+
+namespace {
+
+// x[j] += a[j] over [0, m)
+inline void add(float* x, const float* a, int64_t m) {
+  int64_t j = 0;
+  for (; j + Vec::size() <= m; j += Vec::size()) (Vec::loadu(x + j) + Vec::loadu(a + j)).store(x + j);
+  for (; j < m; ++j) x[j] += a[j];
+}
+
+inline void add_scalar(float* x, float a, int64_t m) {
+  const Vec va(a);
+  int64_t j = 0;
+  for (; j + Vec::size() <= m; j += Vec::size()) (Vec::loadu(x + j) + va).store(x + j);
+  for (; j < m; ++j) x[j] += a;
+}
+
+inline float sum(const float* x, int64_t m) {
+  Vec acc(0.f);
+  int64_t j = 0;
+  for (; j + Vec::size() <= m; j += Vec::size()) acc = acc + Vec::loadu(x + j);
+  float out = at::vec::vec_reduce_all<float>([](Vec& a, Vec& b) { return a + b; }, acc);
+  for (; j < m; ++j) out += x[j];
+  return out;
+}
+
+// The bias inputs of one (batch, head); a null pointer is an absent term.
+struct Bias {
+  int64_t n = 0;
+  const float* table = nullptr;  // [2n − 1], T[r] at r + n − 1
+  const float* qband = nullptr;  // [n, 2wq + 1]
+  int64_t wq = 0;
+  const float* kband = nullptr;  // transposed: [2wk + 1, n], K_j[r] at (r + wk)·n + j
+  int64_t wk = 0;
+};
+
+// Their gradients, laid out like the inputs.
+struct Grad {
+  float* table = nullptr;
+  float* qband = nullptr;
+  float* kband = nullptr;
+};
+
+// s[j] += B_ij over keys [0, m).
+inline void add_bias(float* s, int64_t i, int64_t m, const Bias& b) {
+  const int64_t n = b.n;
+  if (b.table) add(s, b.table + (n - 1 - i), m);
+  if (b.qband) {
+    const float* row = b.qband + i * (2 * b.wq + 1);
+    const int64_t lo = std::clamp(i - b.wq, int64_t(0), m), hi = std::clamp(i + b.wq + 1, lo, m);
+    add_scalar(s, row[0], lo);
+    for (int64_t j = lo; j < hi; ++j) s[j] += row[j - i + b.wq];
+    add_scalar(s + hi, row[2 * b.wq], m - hi);
+  }
+  if (b.kband) {
+    const int64_t lo = std::clamp(i - b.wk, int64_t(0), m), hi = std::clamp(i + b.wk + 1, lo, m);
+    add(s, b.kband + 2 * b.wk * n, lo);                                   // i − j > wk: K_j[wk]
+    for (int64_t j = lo; j < hi; ++j) s[j] += b.kband[(i - j + b.wk) * n + j];
+    add(s + hi, b.kband + hi, m - hi);                                    // i − j < −wk: K_j[−wk]
+  }
+}
+
+// The transpose of add_bias: gradients += dS_ij over keys [0, m).
+inline void grad_bias(const float* ds, int64_t i, int64_t m, const Bias& b, const Grad& g) {
+  const int64_t n = b.n;
+  if (g.table) add(g.table + (n - 1 - i), ds, m);
+  if (g.qband) {
+    float* row = g.qband + i * (2 * b.wq + 1);
+    const int64_t lo = std::clamp(i - b.wq, int64_t(0), m), hi = std::clamp(i + b.wq + 1, lo, m);
+    row[0] += sum(ds, lo);
+    for (int64_t j = lo; j < hi; ++j) row[j - i + b.wq] += ds[j];
+    row[2 * b.wq] += sum(ds + hi, m - hi);
+  }
+  if (g.kband) {
+    const int64_t lo = std::clamp(i - b.wk, int64_t(0), m), hi = std::clamp(i + b.wk + 1, lo, m);
+    add(g.kband + 2 * b.wk * n, ds, lo);
+    for (int64_t j = lo; j < hi; ++j) g.kband[(i - j + b.wk) * n + j] += ds[j];
+    add(g.kband + hi, ds + hi, m - hi);
+  }
+}
+
+void check(const Tensor& x, const char* name, int64_t dim) {
+  TORCH_CHECK(x.device().is_cpu() && x.scalar_type() == at::kFloat, name, " must be a float32 CPU tensor");
+  TORCH_CHECK(x.dim() == dim, name, " must be a ", dim, "-d tensor");
+}
+
+// Detached (the worker threads run with grad mode on, where out= GEMMs refuse inputs that
+// require grad) and contiguous.
+Tensor plain(const Tensor& x) { return x.detach().contiguous(); }
+
+// Checked bias inputs of one call, in the layouts the kernels read.
+struct Inputs {
+  int64_t B, H, n, Ht = 0;
+  Tensor table, qband, kband;  // undefined when absent; kband transposed to [B·H, 2wk + 1, n]
+  int64_t wq = 0, wk = 0;
+
+  Inputs(const Tensor& q, const std::optional<Tensor>& t, const std::optional<Tensor>& qb,
+         const std::optional<Tensor>& kb)
+      : B(q.size(0)), H(q.size(1)), n(q.size(2)) {
+    if (t) {
+      check(*t, "table", 2);
+      Ht = t->size(0);
+      TORCH_CHECK((Ht == 1 || Ht == H) && t->size(1) == 2 * n - 1, "table must be [1 or H, 2n − 1]");
+      table = plain(*t);
+    }
+    if (qb) {
+      check(*qb, "qband", 4);
+      TORCH_CHECK(qb->size(0) == B && qb->size(1) == H && qb->size(2) == n && qb->size(3) % 2 == 1,
+                  "qband must be [B, H, n, 2w + 1]");
+      wq = qb->size(3) / 2;
+      qband = plain(*qb).view({B * H, n, 2 * wq + 1});
+    }
+    if (kb) {
+      check(*kb, "kband", 4);
+      TORCH_CHECK(kb->size(0) == B && kb->size(1) == H && kb->size(2) == n && kb->size(3) % 2 == 1,
+                  "kband must be [B, H, n, 2w + 1]");
+      wk = kb->size(3) / 2;
+      kband = kb->detach().reshape({B * H, n, 2 * wk + 1}).transpose(1, 2).contiguous();
+    }
+  }
+
+  Bias at(int64_t bh) const {
+    Bias b;
+    b.n = n;
+    if (table.defined()) b.table = table.data_ptr<float>() + (Ht == 1 ? 0 : bh % H) * (2 * n - 1);
+    if (qband.defined()) { b.qband = qband.data_ptr<float>() + bh * n * (2 * wq + 1); b.wq = wq; }
+    if (kband.defined()) { b.kband = kband.data_ptr<float>() + bh * n * (2 * wk + 1); b.wk = wk; }
+    return b;
+  }
+};
+
+}  // namespace
+
+// q, k [B, H, n, d], v [B, H, n, e]; causal: query i sees keys j ≤ i.
+// Returns out [B, H, n, e] and the log-sum-exp of each row [B, H, n].
+std::vector<Tensor> biased_forward(Tensor q, Tensor k, Tensor v, std::optional<Tensor> table,
+                                   std::optional<Tensor> qband, std::optional<Tensor> kband, bool causal,
+                                   int64_t block) {
+  check(q, "q", 4); check(k, "k", 4); check(v, "v", 4);
+  TORCH_CHECK(k.sizes() == q.sizes() && v.size(0) == q.size(0) && v.size(1) == q.size(1) && v.size(2) == q.size(2),
+              "q, k, v shapes disagree");
+  TORCH_CHECK(block > 0, "block must be positive");
+  const Inputs in(q, table, qband, kband);
+  const int64_t B = in.B, H = in.H, n = in.n, d = q.size(3), e = v.size(3), BH = B * H;
+  block = std::min(block, n);
+  Tensor q2 = plain(q).view({BH, n, d}), k2 = plain(k).view({BH, n, d}), v2 = plain(v).view({BH, n, e});
+  Tensor out = at::empty({BH, n, e}, q.options()), lse = at::empty({BH, n}, q.options());
+  float* lp = lse.data_ptr<float>();
+  at::parallel_for(0, BH, 1, [&](int64_t begin, int64_t end) {
+    at::NoGradGuard no_grad;
+    Tensor s_buf = at::empty({block * n}, q.options());
+    for (int64_t bh = begin; bh < end; ++bh) {
+      const Bias bias = in.at(bh);
+      Tensor qh = q2[bh], kh = k2[bh], vh = v2[bh], oh = out[bh];
+      for (int64_t i0 = 0; i0 < n; i0 += block) {
+        const int64_t c = std::min(block, n - i0), m = causal ? i0 + c : n;
+        Tensor s = s_buf.narrow(0, 0, c * m).view({c, m});
+        at::mm_out(s, qh.narrow(0, i0, c), kh.narrow(0, 0, m).t());
+        float* sp = s.data_ptr<float>();
+        for (int64_t r = 0; r < c; ++r) {
+          const int64_t i = i0 + r, seen = causal ? i + 1 : m;
+          float* row = sp + r * m;
+          add_bias(row, i, seen, bias);
+          const float mx = *std::max_element(row, row + seen);
+          const Vec vmx(mx);
+          int64_t j = 0;
+          for (; j + Vec::size() <= seen; j += Vec::size()) (Vec::loadu(row + j) - vmx).exp_u20().store(row + j);
+          for (; j < seen; ++j) row[j] = std::exp(row[j] - mx);
+          const float total = sum(row, seen);
+          const Vec inv(1.f / total);
+          for (j = 0; j + Vec::size() <= seen; j += Vec::size()) (Vec::loadu(row + j) * inv).store(row + j);
+          for (; j < seen; ++j) row[j] /= total;
+          std::fill(row + seen, row + m, 0.f);
+          lp[bh * n + i] = mx + std::log(total);
+        }
+        Tensor oc = oh.narrow(0, i0, c);
+        at::mm_out(oc, s, vh.narrow(0, 0, m));
+      }
+    }
+  });
+  return {out.view({B, H, n, e}), lse.view({B, H, n})};
+}
+
+// Gradients of biased_forward given its out and lse and the output's gradient dout:
+// dq, dk, dv, then the table's (summed over the batch), qband's and kband's, each undefined
+// (None) when that input is absent.
+std::vector<Tensor> biased_backward(Tensor q, Tensor k, Tensor v, std::optional<Tensor> table,
+                                    std::optional<Tensor> qband, std::optional<Tensor> kband, Tensor out,
+                                    Tensor lse, Tensor dout, bool causal, int64_t block) {
+  check(q, "q", 4); check(k, "k", 4); check(v, "v", 4);
+  check(out, "out", 4); check(lse, "lse", 3); check(dout, "dout", 4);
+  TORCH_CHECK(k.sizes() == q.sizes() && v.size(2) == q.size(2) && out.sizes() == v.sizes() &&
+              dout.sizes() == v.sizes(), "q, k, v, out, dout shapes disagree");
+  TORCH_CHECK(block > 0, "block must be positive");
+  const Inputs in(q, table, qband, kband);
+  const int64_t B = in.B, H = in.H, n = in.n, d = q.size(3), e = v.size(3), BH = B * H, L = 2 * n - 1;
+  block = std::min(block, n);
+  Tensor q2 = plain(q).view({BH, n, d}), k2 = plain(k).view({BH, n, d}), v2 = plain(v).view({BH, n, e});
+  Tensor do2 = plain(dout).view({BH, n, e});
+  Tensor dq = at::empty_like(q2), dk = at::zeros_like(k2), dv = at::zeros_like(v2);
+  Tensor D = (plain(dout) * plain(out)).sum(-1).view({BH, n});
+  Tensor lse2 = plain(lse).view({BH, n});
+  const int64_t threads = at::get_num_threads();
+  Tensor gtable = in.table.defined() ? at::zeros({threads, in.Ht, L}, q.options()) : Tensor();
+  Tensor gq = in.qband.defined() ? at::zeros_like(in.qband) : Tensor();
+  Tensor gk = in.kband.defined() ? at::zeros_like(in.kband) : Tensor();
+  const float* Dp = D.data_ptr<float>();
+  const float* lp = lse2.data_ptr<float>();
+
+  at::parallel_for(0, BH, 1, [&](int64_t begin, int64_t end) {
+    at::NoGradGuard no_grad;
+    Tensor s_buf = at::empty({block * n}, q.options()), dp_buf = at::empty({block * n}, q.options());
+    float* gt = gtable.defined() ? gtable[at::get_thread_num()].data_ptr<float>() : nullptr;
+    for (int64_t bh = begin; bh < end; ++bh) {
+      const Bias bias = in.at(bh);
+      Grad grad;
+      if (gt) grad.table = gt + (in.Ht == 1 ? 0 : bh % H) * L;
+      if (gq.defined()) grad.qband = gq.data_ptr<float>() + bh * n * (2 * in.wq + 1);
+      if (gk.defined()) grad.kband = gk.data_ptr<float>() + bh * n * (2 * in.wk + 1);
+      Tensor qh = q2[bh], kh = k2[bh], vh = v2[bh], doh = do2[bh], dqh = dq[bh], dkh = dk[bh], dvh = dv[bh];
+      for (int64_t i0 = 0; i0 < n; i0 += block) {
+        const int64_t c = std::min(block, n - i0), m = causal ? i0 + c : n;  // keys [0, m) reach the block
+        Tensor s = s_buf.narrow(0, 0, c * m).view({c, m}), dp = dp_buf.narrow(0, 0, c * m).view({c, m});
+        Tensor qc = qh.narrow(0, i0, c), doc = doh.narrow(0, i0, c);
+        at::mm_out(s, qc, kh.narrow(0, 0, m).t());
+        at::mm_out(dp, doc, vh.narrow(0, 0, m).t());
+        float* sp = s.data_ptr<float>();
+        float* dpp = dp.data_ptr<float>();
+        for (int64_t r = 0; r < c; ++r) {
+          const int64_t i = i0 + r, seen = causal ? i + 1 : m;
+          float* srow = sp + r * m;
+          float* drow = dpp + r * m;
+          add_bias(srow, i, seen, bias);
+          const Vec vl(lp[bh * n + i]), vD(Dp[bh * n + i]);
+          int64_t j = 0;
+          for (; j + Vec::size() <= seen; j += Vec::size()) {   // p = exp(s − lse), dS = p (dP − D)
+            Vec p = (Vec::loadu(srow + j) - vl).exp_u20();
+            p.store(srow + j);
+            (p * (Vec::loadu(drow + j) - vD)).store(drow + j);
+          }
+          for (; j < seen; ++j) {
+            srow[j] = std::exp(srow[j] - lp[bh * n + i]);
+            drow[j] = srow[j] * (drow[j] - Dp[bh * n + i]);
+          }
+          grad_bias(drow, i, seen, bias, grad);
+          std::fill(srow + seen, srow + m, 0.f);
+          std::fill(drow + seen, drow + m, 0.f);
+        }
+        Tensor dqc = dqh.narrow(0, i0, c);
+        at::mm_out(dqc, dp, kh.narrow(0, 0, m));
+        dkh.narrow(0, 0, m).addmm_(dp.t(), qc);
+        dvh.narrow(0, 0, m).addmm_(s.t(), doc);
+      }
+    }
+  });
+  Tensor dtable = gtable.defined() ? gtable.sum(0) : Tensor();
+  Tensor dqband = gq.defined() ? gq.view({B, H, n, 2 * in.wq + 1}) : Tensor();
+  Tensor dkband = gk.defined() ? gk.transpose(1, 2).reshape({B, H, n, 2 * in.wk + 1}) : Tensor();
+  return {dq.view_as(q), dk.view_as(k), dv.view_as(v), dtable, dqband, dkband};
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("biased_forward", &biased_forward, "out, lse of softmax(q kᵀ + bias) v (scale 1)");
+  m.def("biased_backward", &biased_backward, "dq, dk, dv and the bias inputs' gradients");
+}

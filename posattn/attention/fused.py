@@ -1,0 +1,72 @@
+"""Exact attention with relative-position terms in one fused C++ kernel per direction (CPU).
+
+For learned Toeplitz tables and clipped query/key-relative terms (T5, TISA, DIET-REL, fixed,
+dynamic, key-dynamic and composite convolutions, Shaw et al.) the kernels of :mod:`.native`
+add the bias to each block of q·kᵀ from the terms' small inputs (a [h, 2n − 1] table, [b, h, n,
+2w + 1] bands of q·W[r]) and reduce dS into their gradients in the same pass (kernel header:
+``csrc/biased_attention.cpp``). Nothing n×n is materialised; the bands' own gradients (to q, k
+and W) are autograd's, through :meth:`QueryRelative.products`.
+
+Terms of one kind are summed; query-side (or key-side) bands with different windows are widened
+to the widest first, exactly: a clipped band repeats its edge values, W[clip(r, −w, w)].
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from . import native
+from .terms import Term
+
+BLOCK = 256  # query rows per block (as flash-bias's backward)
+
+
+def widen(band: Tensor, window: int) -> Tensor:
+    """[..., 2w + 1] -> [..., 2·window + 1] with the edge values repeated (the clipped term)."""
+    w = band.shape[-1] // 2
+    if w == window:
+        return band
+    idx = (torch.arange(-window, window + 1, device=band.device).clamp(-w, w) + w)
+    return band.index_select(-1, idx)
+
+
+def kernel_inputs(terms: list[Term]) -> dict[str, Tensor]:
+    """``table``, ``qband``, ``kband``, each summed over the terms of its kind (every term
+    :meth:`~Term.fusable`)."""
+    grouped: dict[str, list[Tensor]] = {}
+    for t in terms:
+        name, x = t.kernel_input()
+        grouped.setdefault(name, []).append(x)
+    out = {}
+    for name, xs in grouped.items():
+        window = max(x.shape[-1] // 2 for x in xs)
+        out[name] = sum(widen(x, window) if name != "table" else x for x in xs)
+    return out
+
+
+class FusedBias(torch.autograd.Function):
+    """softmax(q kᵀ + table + bands) v with scale 1; see the module docstring."""
+
+    @staticmethod
+    def forward(ctx: Any, causal: bool, q: Tensor, k: Tensor, v: Tensor, table: Tensor | None,
+                qband: Tensor | None, kband: Tensor | None) -> Tensor:
+        lib = native.kernels()
+        assert lib is not None, "the fused path is planned only where the kernels built"
+        out, lse = lib.biased_forward(q, k, v, table, qband, kband, causal, BLOCK)
+        ctx.causal = causal
+        ctx.save_for_backward(q, k, v, table, qband, kband, out, lse)
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
+        q, k, v, table, qband, kband, out, lse = ctx.saved_tensors
+        lib = native.kernels()
+        grads = lib.biased_backward(q, k, v, table, qband, kband, out, lse, grad, ctx.causal, BLOCK)
+        return (None, *grads)
+
+
+def fused_attention(q: Tensor, k: Tensor, v: Tensor, inputs: dict[str, Tensor], causal: bool) -> Tensor:
+    """Attention [b, h, n, d_v] (scale 1) with the bias of :func:`kernel_inputs`."""
+    return FusedBias.apply(causal, q, k, v, inputs.get("table"), inputs.get("qband"), inputs.get("kband"))
