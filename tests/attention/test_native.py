@@ -84,14 +84,25 @@ def test_fused_and_pytorch_backward_agree(lib, monkeypatch):
         torch.testing.assert_close(a, r, rtol=1e-4, atol=1e-4, msg=name)
 
 
-def test_inside_a_model_whose_activations_require_grad(calls):
-    """In a layer the saved q, k, v require grad, and the kernel's worker threads have grad mode on."""
+@pytest.mark.parametrize("path", ["flash_bias", "fused"])
+def test_inside_a_layer_heads_are_strided_views_that_require_grad(calls, path):
+    """In a layer q, k, v are [b, n, h, d] projections seen as [b, h, n, d] (strided, read in place)
+    that require grad, and the kernels' worker threads have grad mode on."""
     torch.manual_seed(0)
-    x = torch.randn(2, 3, 40, 8, requires_grad=True)
-    q, k, v = x * 1.5, x * 0.5, x.flip(-2)
+    x = torch.randn(2, 40, 3, 8, requires_grad=True)
     table = torch.randn(3, 79, requires_grad=True)
-    fast.attend(q, k, v, [Toeplitz(table)], None, False, policy=Policy(force="flash_bias")).sum().backward()
-    assert len(calls) == 1 and x.grad is not None and table.grad is not None
+
+    def attend(fn) -> list[torch.Tensor]:
+        q, k, v = (x * 1.5).transpose(1, 2), (x * 0.5).transpose(1, 2), x.flip(1).transpose(1, 2)
+        assert not q.is_contiguous()
+        out = fn(q, k, v, [Toeplitz(table)])
+        return [out, *torch.autograd.grad(out.pow(2).sum(), [x, table])]
+
+    got = attend(lambda q, k, v, t: fast.attend(q, k, v, t, None, False, policy=Policy(force=path)))
+    ref = attend(lambda q, k, v, t: reference.attend(q, k, v, t, None, False))
+    assert len(calls) == 1
+    for a, r in zip(got, ref):
+        torch.testing.assert_close(a, r, rtol=1e-4, atol=1e-4)
 
 
 def test_not_used_where_it_does_not_apply(calls):

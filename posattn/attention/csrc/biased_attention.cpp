@@ -113,6 +113,10 @@ void check(const Tensor& x, const char* name, int64_t dim) {
 // require grad) and contiguous.
 Tensor plain(const Tensor& x) { return x.detach().contiguous(); }
 
+// The [n, d] matrix of one (batch, head) of x [B, H, n, d], strided as it is: the GEMMs read
+// the heads of a [B, n, H, d] projection in place, with no copy.
+Tensor head(const Tensor& x, int64_t bh, int64_t H) { return x.select(0, bh / H).select(0, bh % H); }
+
 // Checked bias inputs of one call, in the layouts the kernels read.
 struct Inputs {
   int64_t B, H, n, Ht = 0;
@@ -166,9 +170,9 @@ std::vector<Tensor> biased_forward(Tensor q, Tensor k, Tensor v, std::optional<T
               "q, k, v shapes disagree");
   TORCH_CHECK(block > 0, "block must be positive");
   const Inputs in(q, table, qband, kband);
-  const int64_t B = in.B, H = in.H, n = in.n, d = q.size(3), e = v.size(3), BH = B * H;
+  const int64_t B = in.B, H = in.H, n = in.n, e = v.size(3), BH = B * H;
   block = std::min(block, n);
-  Tensor q2 = plain(q).view({BH, n, d}), k2 = plain(k).view({BH, n, d}), v2 = plain(v).view({BH, n, e});
+  q = q.detach(); k = k.detach(); v = v.detach();
   Tensor out = at::empty({BH, n, e}, q.options()), lse = at::empty({BH, n}, q.options());
   float* lp = lse.data_ptr<float>();
   at::parallel_for(0, BH, 1, [&](int64_t begin, int64_t end) {
@@ -176,7 +180,7 @@ std::vector<Tensor> biased_forward(Tensor q, Tensor k, Tensor v, std::optional<T
     Tensor s_buf = at::empty({block * n}, q.options());
     for (int64_t bh = begin; bh < end; ++bh) {
       const Bias bias = in.at(bh);
-      Tensor qh = q2[bh], kh = k2[bh], vh = v2[bh], oh = out[bh];
+      Tensor qh = head(q, bh, H), kh = head(k, bh, H), vh = head(v, bh, H), oh = out[bh];
       for (int64_t i0 = 0; i0 < n; i0 += block) {
         const int64_t c = std::min(block, n - i0), m = causal ? i0 + c : n;
         Tensor s = s_buf.narrow(0, 0, c * m).view({c, m});
@@ -220,9 +224,10 @@ std::vector<Tensor> biased_backward(Tensor q, Tensor k, Tensor v, std::optional<
   const Inputs in(q, table, qband, kband);
   const int64_t B = in.B, H = in.H, n = in.n, d = q.size(3), e = v.size(3), BH = B * H, L = 2 * n - 1;
   block = std::min(block, n);
-  Tensor q2 = plain(q).view({BH, n, d}), k2 = plain(k).view({BH, n, d}), v2 = plain(v).view({BH, n, e});
+  q = q.detach(); k = k.detach(); v = v.detach();
   Tensor do2 = plain(dout).view({BH, n, e});
-  Tensor dq = at::empty_like(q2), dk = at::zeros_like(k2), dv = at::zeros_like(v2);
+  Tensor dq = at::empty({BH, n, d}, q.options()), dk = at::zeros({BH, n, d}, q.options());
+  Tensor dv = at::zeros({BH, n, e}, q.options());
   Tensor D = (plain(dout) * plain(out)).sum(-1).view({BH, n});
   Tensor lse2 = plain(lse).view({BH, n});
   const int64_t threads = at::get_num_threads();
@@ -242,7 +247,8 @@ std::vector<Tensor> biased_backward(Tensor q, Tensor k, Tensor v, std::optional<
       if (gt) grad.table = gt + (in.Ht == 1 ? 0 : bh % H) * L;
       if (gq.defined()) grad.qband = gq.data_ptr<float>() + bh * n * (2 * in.wq + 1);
       if (gk.defined()) grad.kband = gk.data_ptr<float>() + bh * n * (2 * in.wk + 1);
-      Tensor qh = q2[bh], kh = k2[bh], vh = v2[bh], doh = do2[bh], dqh = dq[bh], dkh = dk[bh], dvh = dv[bh];
+      Tensor qh = head(q, bh, H), kh = head(k, bh, H), vh = head(v, bh, H);
+      Tensor doh = do2[bh], dqh = dq[bh], dkh = dk[bh], dvh = dv[bh];
       for (int64_t i0 = 0; i0 < n; i0 += block) {
         const int64_t c = std::min(block, n - i0), m = causal ? i0 + c : n;  // keys [0, m) reach the block
         Tensor s = s_buf.narrow(0, 0, c * m).view({c, m}), dp = dp_buf.narrow(0, 0, c * m).view({c, m});
@@ -281,7 +287,7 @@ std::vector<Tensor> biased_backward(Tensor q, Tensor k, Tensor v, std::optional<
   Tensor dtable = gtable.defined() ? gtable.sum(0) : Tensor();
   Tensor dqband = gq.defined() ? gq.view({B, H, n, 2 * in.wq + 1}) : Tensor();
   Tensor dkband = gk.defined() ? gk.transpose(1, 2).reshape({B, H, n, 2 * in.wk + 1}) : Tensor();
-  return {dq.view_as(q), dk.view_as(k), dv.view_as(v), dtable, dqband, dkband};
+  return {dq.view(q.sizes()), dk.view(k.sizes()), dv.view(v.sizes()), dtable, dqband, dkband};
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
