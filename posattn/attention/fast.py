@@ -26,10 +26,15 @@ the term structures, the device and the length, never from a mechanism's name:
   ``fused_grad_max_n`` on where that backward is one fused C++ kernel (:mod:`.native`: tables
   alone, no padding, float32; then it costs no more than SDPA's own fused backward):
   :mod:`.flash_bias`, linear memory beyond the terms themselves.
+- ``fused`` (CPU, float32): query/key-relative terms (with or without tables) at n ≤
+  ``dense_max_n``, where the dense bias would be gathered per batch row and SDPA would run its
+  math path; learned tables with padding where flash-bias would take them: :mod:`.fused`, the
+  C++ kernels of :mod:`.native` with the bias added from the terms' small inputs and their
+  gradients reduced from dS in the same pass.
+- ``flex`` (CUDA): FlexAttention with the terms inside the kernel (:mod:`.flex`).
 
 The thresholds are CPU measurements (``posattn bench``; 2 threads, head dim 64): the fused
 kernel's causal blocks waste work below n ≈ 2048, which the banded pieces pay twice.
-- ``flex`` (CUDA): FlexAttention with the terms inside the kernel (:mod:`.flex`).
 """
 from __future__ import annotations
 
@@ -171,30 +176,28 @@ def plan(q: Tensor, terms: list[Term], causal: bool, dropout: float = 0.0, train
         return policy.force
     if policy.force == "banded" and banded_ok:
         return "banded"
-    if policy.force == "fused" and _fusable(q, rest, keep, policy):
+    if policy.force == "fused" and _fusable(q, rest, policy):
         return "fused"
     grads = _needs_grad(_term_tensors(rest))
-    shortest = policy.fused_grad_max_n if _fused_table_backward(q, rest, keep, policy) else policy.dense_grad_max_n
-    learned_positions = grads and _position_only(rest) and n > shortest
+    fusable, tables = _fusable(q, rest, policy), _position_only(rest)
+    shortest = policy.fused_grad_max_n if fusable and tables else policy.dense_grad_max_n
+    learned_positions = grads and tables and n > shortest
     if n <= policy.dense_max_n and not learned_positions:
-        return "fused" if not _position_only(rest) and _fusable(q, rest, keep, policy) else "dense"
+        return "fused" if fusable and not tables else "dense"
     relative = any(isinstance(t, QueryRelative) for t in rest)
     if banded_ok and (relative or (grads and n >= policy.band_min_n)):
         return "banded"
+    if learned_positions and fusable and keep is not None:  # flash-bias's fused backward takes no padding
+        return "fused"
     return "flash_bias"
 
 
-def _fused_table_backward(q: Tensor, rest: list[Term], keep: Tensor | None, policy: Policy) -> bool:
-    """Flash-bias's backward is one fused kernel (:mod:`.native`) here: tables alone, no padding,
-    float32, and the kernel built. Then flash-bias beats the dense bias from n = 256 on (layer
-    training step ÷ SDPA, b = 16: 1.03 against 1.06; at n = 128 they tie)."""
-    return (_fusable(q, rest, keep, policy) and _position_only(rest))
-
-
-def _fusable(q: Tensor, rest: list[Term], keep: Tensor | None, policy: Policy) -> bool:
-    """The fused C++ kernels (:mod:`.fused`, :mod:`.native`) take these terms here."""
-    return (policy.native and keep is None and q.dtype == torch.float32 and all(t.fusable() for t in rest)
-            and native.kernels() is not None)
+def _fusable(q: Tensor, rest: list[Term], policy: Policy) -> bool:
+    """The fused C++ kernels (:mod:`.fused`, :mod:`.native`) take these terms here. For learned
+    tables alone they beat the dense bias from n = 256 on (layer training step ÷ SDPA, b = 16:
+    1.03 against 1.06; at n = 128 they tie): flash-bias with the fused backward, or, with
+    padding, the fused path."""
+    return policy.native and q.dtype == torch.float32 and all(t.fusable() for t in rest) and native.kernels() is not None
 
 
 def _low_rank_as_bias(q: Tensor, low: list[LowRank], policy: Policy) -> bool:
@@ -261,7 +264,7 @@ def attend(
     if path == "banded":
         o = _banded(q2, k2, v2, rest, keep, causal, scale, policy)
     elif path == "fused":
-        o = fused_attention(q2, k2, v2, kernel_inputs(rest), causal)
+        o = fused_attention(q2, k2, v2, kernel_inputs(rest), keep, causal)
     else:
         o = _flash_bias(q2, k2, v2, rest, keep, causal, policy)
     return o[..., :d_v]

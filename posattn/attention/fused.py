@@ -50,12 +50,12 @@ class FusedBias(torch.autograd.Function):
     """softmax(q kᵀ + table + bands) v with scale 1; see the module docstring."""
 
     @staticmethod
-    def forward(ctx: Any, causal: bool, q: Tensor, k: Tensor, v: Tensor, table: Tensor | None,
-                qband: Tensor | None, kband: Tensor | None) -> Tensor:
+    def forward(ctx: Any, causal: bool, keep: Tensor | None, q: Tensor, k: Tensor, v: Tensor,
+                table: Tensor | None, qband: Tensor | None, kband: Tensor | None) -> Tensor:
         lib = native.kernels()
         assert lib is not None, "the fused path is planned only where the kernels built"
-        out, lse = lib.biased_forward(q, k, v, table, qband, kband, causal, BLOCK)
-        ctx.causal = causal
+        out, lse = lib.biased_forward(q, k, v, table, qband, kband, keep, causal, BLOCK)
+        ctx.causal, ctx.keep = causal, keep
         ctx.save_for_backward(q, k, v, table, qband, kband, out, lse)
         return out
 
@@ -63,10 +63,12 @@ class FusedBias(torch.autograd.Function):
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
         q, k, v, table, qband, kband, out, lse = ctx.saved_tensors
         lib = native.kernels()
-        grads = lib.biased_backward(q, k, v, table, qband, kband, out, lse, grad, ctx.causal, BLOCK)
-        return (None, *grads)
+        grads = lib.biased_backward(q, k, v, table, qband, kband, ctx.keep, out, lse, grad, ctx.causal, BLOCK)
+        return (None, None, *grads)
 
 
-def fused_attention(q: Tensor, k: Tensor, v: Tensor, inputs: dict[str, Tensor], causal: bool) -> Tensor:
-    """Attention [b, h, n, d_v] (scale 1) with the bias of :func:`kernel_inputs`."""
-    return FusedBias.apply(causal, q, k, v, inputs.get("table"), inputs.get("qband"), inputs.get("kband"))
+def fused_attention(q: Tensor, k: Tensor, v: Tensor, inputs: dict[str, Tensor], keep: Tensor | None,
+                    causal: bool) -> Tensor:
+    """Attention [b, h, n, d_v] (scale 1) with the bias of :func:`kernel_inputs`, padding keys
+    (``keep`` [b, n] False) hidden."""
+    return FusedBias.apply(causal, keep, q, k, v, inputs.get("table"), inputs.get("qband"), inputs.get("kband"))

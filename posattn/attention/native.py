@@ -23,7 +23,7 @@ from types import ModuleType
 
 import torch
 
-SOURCES = [Path(__file__).parent / "csrc" / "biased_attention.cpp"]
+SOURCES = [Path(__file__).parent / "csrc" / name for name in ("module.cpp", "biased_attention.cpp", "depthwise_conv.cpp")]
 FLAGS = ["-O3", "-fopenmp", "-mavx2", "-mfma", "-DCPU_CAPABILITY=AVX2", "-DCPU_CAPABILITY_AVX2"]
 
 

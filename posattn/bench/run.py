@@ -9,7 +9,7 @@ from typing import Any, Callable
 import torch
 
 from .. import mechanisms
-from ..attention import fast
+from ..attention import fast, native
 from ..mechanisms.conv import METHODS, conv_method
 from . import peers as peer_lib
 from .cases import BASELINE, Case, CaseSpec, Sizes, make_case, spec_label
@@ -163,13 +163,15 @@ def conv_rows(kernels: list[int], n: int, channels: int, batch: int, threads: in
         w = torch.randn(channels, k, generator=g).requires_grad_()
         cases = {}
         for name, fn in METHODS.items():
+            if name == "native" and native.kernels() is None:
+                continue  # the C++ kernels did not build here
             def step(fn: Callable[..., torch.Tensor] = fn) -> None:
                 x.grad = w.grad = None
                 fn(x, w, k - 1).pow(2).mean().backward()
             cases[name] = step
         runs = time_cases([Case(CaseSpec("conv", name, k), step, lambda: None)
                            for name, step in cases.items()], repeats, 1)
-        row: dict[str, Any] = {"kernel": k, "chosen": conv_method(k)}
+        row: dict[str, Any] = {"kernel": k, "chosen": conv_method(k, x)}
         for spec, t in runs.items():
             row[f"{spec.name}_ms"] = median(t["train"]) * 1e3
         rows.append(row)

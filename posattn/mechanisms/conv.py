@@ -5,10 +5,12 @@
 with p = K − 1 for a causal filter (only the past and present) and p = (K − 1)/2 for a
 centered one (K odd). ``weight`` is [C, K], or [K] for one filter shared by all channels.
 
-Three exact algorithms, picked by kernel length (:func:`conv_method`; CPU timings in
-``posattn bench --conv``): shift-and-add in [b, n, C] for the shortest kernels (no transposes),
-grouped ``Conv1d`` for short and medium ones, FFT for long filters (O(n log n) instead of
-O(n·K); equal to the direct sum up to floating-point rounding).
+Four exact algorithms, picked by kernel length and input (:func:`conv_method`; CPU timings in
+``posattn bench --conv``): on a float32 CPU input where posattn's C++ kernels build
+(:mod:`posattn.attention.native`), one vectorised pass in [b, n, C] (``native``); otherwise
+shift-and-add in [b, n, C] for the shortest kernels (no transposes), grouped ``Conv1d`` for short
+and medium ones; FFT for long filters in any case (O(n log n) instead of O(n·K); equal to the
+direct sum up to floating-point rounding).
 """
 from __future__ import annotations
 
@@ -18,18 +20,25 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ..attention import native
 from ..errors import PositionError
 
-Method = Literal["shift", "conv1d", "fft"]
+Method = Literal["shift", "conv1d", "fft", "native"]
 SHIFT_MAX = 4  # kernels up to this length: shift-and-add
 FFT_MIN = 112  # kernels from this length: FFT
 
 
-def conv_method(k: int) -> Method:
-    """The fastest exact algorithm for a kernel of length ``k``."""
-    if k <= SHIFT_MAX:
-        return "shift"
-    return "fft" if k >= FFT_MIN else "conv1d"
+def conv_method(k: int, x: Tensor | None = None) -> Method:
+    """The fastest exact algorithm for a kernel of length ``k`` (on input ``x``)."""
+    if k >= FFT_MIN:
+        return "fft"
+    if x is not None and _native_ok(x):
+        return "native"
+    return "shift" if k <= SHIFT_MAX else "conv1d"
+
+
+def _native_ok(x: Tensor) -> bool:
+    return x.device.type == "cpu" and x.dtype == torch.float32 and native.kernels() is not None
 
 
 def conv_shift(x: Tensor, w: Tensor, left: int) -> Tensor:
@@ -85,6 +94,30 @@ def conv_direct(x: Tensor, w: Tensor, left: int) -> Tensor:
     return _DepthwiseConv.apply(x, w, left)
 
 
+class _NativeDepthwise(torch.autograd.Function):
+    """The C++ kernel (``csrc/depthwise_conv.cpp``): forward, ∂x and ∂w each one pass in [b, n, C]."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, w: Tensor, left: int) -> Tensor:
+        ctx.save_for_backward(x, w)
+        ctx.left = left
+        return native.kernels().depthwise_forward(x, w, left)
+
+    @staticmethod
+    def backward(ctx: Any, g: Tensor) -> tuple[Tensor | None, Tensor | None, None]:
+        x, w = ctx.saved_tensors
+        gx, gw = native.kernels().depthwise_backward(g, x, w, ctx.left)
+        return gx, gw, None
+
+
+def conv_native(x: Tensor, w: Tensor, left: int) -> Tensor:
+    """The same in one C++ pass per direction (float32 CPU; needs :func:`native.kernels`)."""
+    if not _native_ok(x):
+        raise PositionError("conv_native needs a float32 CPU input and posattn's C++ kernels "
+                            "(posattn.attention.native), which are not available here")
+    return _NativeDepthwise.apply(x, w.contiguous(), left)
+
+
 def conv_fft(x: Tensor, w: Tensor, left: int) -> Tensor:
     """The same by FFT: y = (x ∗ flip(w))[t + K − 1 − left], zero-padded so nothing wraps."""
     n, k = x.shape[1], w.shape[-1]
@@ -96,7 +129,7 @@ def conv_fft(x: Tensor, w: Tensor, left: int) -> Tensor:
 
 
 METHODS: dict[str, Callable[[Tensor, Tensor, int], Tensor]] = {
-    "shift": conv_shift, "conv1d": conv_direct, "fft": conv_fft}
+    "shift": conv_shift, "conv1d": conv_direct, "fft": conv_fft, "native": conv_native}
 
 
 def depthwise_conv1d(x: Tensor, weight: Tensor, causal: bool, keep: Tensor | None = None) -> Tensor:
@@ -108,7 +141,7 @@ def depthwise_conv1d(x: Tensor, weight: Tensor, causal: bool, keep: Tensor | Non
         x = x * keep[..., None].to(x.dtype)
     w = (weight.expand(c, k) if weight.dim() == 1 else weight).to(x.dtype)
     left = k - 1 if causal else (k - 1) // 2
-    return METHODS[conv_method(k)](x, w, left)
+    return METHODS[conv_method(k, x)](x, w, left)
 
 
 def heads_to_channels(t: Tensor) -> Tensor:

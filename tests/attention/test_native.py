@@ -6,6 +6,7 @@ import shutil
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from posattn.attention import fast, native, reference
 from posattn.attention.fast import Policy, plan
@@ -130,9 +131,11 @@ def test_turned_off_by_the_environment(monkeypatch):
 def test_kernel_rejects_bad_input(lib):
     q = torch.randn(1, 2, 8, 4)
     with pytest.raises(RuntimeError, match="table must be"):
-        lib.biased_backward(q, q, q, torch.randn(3, 15), None, None, q, torch.randn(1, 2, 8), q, False, 4)
+        lib.biased_backward(q, q, q, torch.randn(3, 15), None, None, None, q, torch.randn(1, 2, 8), q, False, 4)
     with pytest.raises(RuntimeError, match="float32"):
-        lib.biased_backward(q.double(), q, q, torch.randn(2, 15), None, None, q, torch.randn(1, 2, 8), q, False, 4)
+        lib.biased_backward(q.double(), q, q, torch.randn(2, 15), None, None, None, q, torch.randn(1, 2, 8), q, False, 4)
+    with pytest.raises(RuntimeError, match="keep must be"):
+        lib.biased_forward(q, q, q, None, None, None, torch.ones(1, 8), False, 4)
 
 
 def relative_weight(h: int, d: int, window: int, per_head: bool, seed: int) -> torch.Tensor:
@@ -149,13 +152,24 @@ CASES = {  # name -> [(kind, window, per_head)]: kind "table", "q" (query-relati
 }
 
 
+def keep_mask(b: int, n: int) -> torch.Tensor:
+    keep = torch.ones(b, n, dtype=torch.bool)
+    keep[0, n - 7:] = False  # right padding
+    keep[-1, :5] = False  # left padding
+    keep[-1, n // 2] = False  # a hole
+    return keep
+
+
+@pytest.mark.parametrize("pad", [False, True], ids=["nopad", "pad"])
 @pytest.mark.parametrize("causal", [False, True], ids=["enc", "dec"])
 @pytest.mark.parametrize("case", list(CASES))
-def test_fused_path_equals_the_reference(calls, case, causal):
+def test_fused_path_equals_the_reference(calls, case, causal, pad):
     """Forward and backward kernels (tables and clipped query/key-relative bands, summed and
-    widened) against the float64 reference: outputs and every gradient, including W's."""
+    widened; padding keys hidden) against the float64 reference: outputs and every gradient,
+    including W's."""
     b, h, n, d = 2, 3, 37, 8
     q, k, v, table = inputs(b, h, h, n, d, seed=7)
+    keep = keep_mask(b, n) if pad else None
     specs = CASES[case]
     weights = [table if kind == "table" else relative_weight(h, d, win, per_head, seed=i)
                for i, (kind, win, per_head) in enumerate(specs)]
@@ -167,11 +181,11 @@ def test_fused_path_equals_the_reference(calls, case, causal):
                  else QueryRelative(kk if kind == "k" else qq, w, win, 0.3, key_side=kind == "k")
                  for (kind, win, _), w in zip(specs, ws)]
         if path == "reference":
-            out = reference.attend(qq, kk, vv, terms, None, causal)
+            out = reference.attend(qq, kk, vv, terms, keep, causal)
         else:
             policy = Policy(force="fused")
-            assert plan(qq, terms, causal, policy=policy) == "fused"
-            out = fast.attend(qq, kk, vv, terms, None, causal, policy=policy)
+            assert plan(qq, terms, causal, policy=policy, keep=keep) == "fused"
+            out = fast.attend(qq, kk, vv, terms, keep, causal, policy=policy)
         g = torch.randn(out.shape, generator=torch.Generator().manual_seed(3), dtype=torch.float64).to(dtype)
         return [out, *torch.autograd.grad(out, [qq, kk, vv, *ws], g)]
 
@@ -182,10 +196,42 @@ def test_fused_path_equals_the_reference(calls, case, causal):
         assert err <= 3e-5 * (1 + r.abs().max().item()), f"tensor {i}: max error {err:.2e}"
 
 
-def test_relative_terms_take_the_fused_path_by_default():
-    """Query-relative terms in training at n ≤ dense_max_n, no padding, float32: fused."""
+def test_default_plans_with_the_kernels():
+    """Query-relative terms at n ≤ dense_max_n (float32, with or without padding), and learned
+    tables with padding beyond fused_grad_max_n: fused."""
     q = torch.zeros(1, 2, 64, 8, requires_grad=True)
     w = torch.zeros(9, 8, requires_grad=True)
+    keep = torch.ones(1, 64, dtype=torch.bool)
     assert plan(q, [QueryRelative(q, w, 4, 1.0)], False) == "fused"
-    assert plan(q, [QueryRelative(q, w, 4, 1.0)], False, keep=torch.ones(1, 64, dtype=torch.bool)) == "dense"
+    assert plan(q, [QueryRelative(q, w, 4, 1.0)], False, keep=keep) == "fused"
     assert plan(q, [QueryRelative(q, w, 4, 1.0)], False, policy=Policy(native=False)) == "dense"
+    q = torch.zeros(1, 2, 256, 8)
+    table = torch.zeros(2, 511, requires_grad=True)
+    assert plan(q, [Toeplitz(table)], False, keep=torch.ones(1, 256, dtype=torch.bool)) == "fused"
+    assert plan(q, [Toeplitz(table)], False) == "flash_bias"
+
+
+@pytest.mark.parametrize("k", [1, 2, 3, 9, 31])
+def test_native_depthwise_convolution_equals_grouped_conv1d(lib, k):
+    """The C++ depthwise convolution (channels last) against PyTorch's grouped Conv1d in float64:
+    output, ∂x and ∂w, causal and centered; float32 inputs take it by default."""
+    from posattn.mechanisms.conv import METHODS, conv_method, depthwise_conv1d
+
+    g = torch.Generator().manual_seed(k)
+    x64 = torch.randn(2, 150, 20, generator=g, dtype=torch.float64, requires_grad=True)
+    w64 = torch.randn(20, k, generator=g, dtype=torch.float64, requires_grad=True)
+    x, w = (t.detach().float().requires_grad_() for t in (x64, w64))
+    for causal in [True] if k % 2 == 0 else [True, False]:
+        left = k - 1 if causal else (k - 1) // 2
+        ref = F.conv1d(F.pad(x64.transpose(1, 2), (left, k - 1 - left)), w64.unsqueeze(1), groups=20).transpose(1, 2)
+        out = METHODS["native"](x, w, left)
+        grad = torch.randn(ref.shape, generator=g, dtype=torch.float64)
+        for a, r in zip([out, *torch.autograd.grad(out, [x, w], grad.float())],
+                        [ref, *torch.autograd.grad(ref, [x64, w64], grad)]):
+            torch.testing.assert_close(a.double(), r, rtol=1e-4, atol=1e-4)
+    assert conv_method(k, x) == "native" and conv_method(k, x64) != "native"
+    assert conv_method(200, x) == "fft"
+    keep = torch.ones(2, 150, dtype=torch.bool)
+    keep[0, 140:] = False
+    y = depthwise_conv1d(x, w[0], True, keep)   # one shared filter, padding zeroed first
+    torch.testing.assert_close(y, METHODS["conv1d"](x * keep[..., None], w[0].expand(20, k), k - 1))

@@ -3,6 +3,8 @@
 //   a Toeplitz table      B_ij = T[j − i]                           (table [H|1, 2n − 1])
 //   a query-side band     B_ij = Q_i[clip(j − i, −w, w) + w]        (qband [B, H, n, 2w + 1])
 //   a key-side band       B_ij = K_j[clip(i − j, −v, v) + v]        (kband [B, H, n, 2v + 1])
+// and hides padding keys (keep [B, n]: key j of row b is seen where keep[b, j], and each query
+// always sees itself, as posattn.attention.masking.allowed_mask defines it).
 // (learned tables: T5, TISA, DIET-REL, fixed convolutions; clipped relative terms q·W[·] and
 // k·W[·]: dynamic / composite / key-dynamic convolutions, Shaw et al.).
 //
@@ -18,6 +20,7 @@
 #include <ATen/cpu/vec/vec.h>
 
 #include <algorithm>
+#include <limits>
 #include <optional>
 #include <vector>
 
@@ -57,6 +60,7 @@ struct Bias {
   int64_t wq = 0;
   const float* kband = nullptr;  // transposed: [2wk + 1, n], K_j[r] at (r + wk)·n + j
   int64_t wk = 0;
+  const float* hide = nullptr;   // [n]: 0 for a real key, −inf for padding
 };
 
 // Their gradients, laid out like the inputs.
@@ -82,6 +86,11 @@ inline void add_bias(float* s, int64_t i, int64_t m, const Bias& b) {
     add(s, b.kband + 2 * b.wk * n, lo);                                   // i − j > wk: K_j[wk]
     for (int64_t j = lo; j < hi; ++j) s[j] += b.kband[(i - j + b.wk) * n + j];
     add(s + hi, b.kband + hi, m - hi);                                    // i − j < −wk: K_j[−wk]
+  }
+  if (b.hide) {  // padding keys out, the query's own key kept
+    const float own = s[i];
+    add(s, b.hide, m);
+    s[i] = own;
   }
 }
 
@@ -120,12 +129,17 @@ Tensor head(const Tensor& x, int64_t bh, int64_t H) { return x.select(0, bh / H)
 // Checked bias inputs of one call, in the layouts the kernels read.
 struct Inputs {
   int64_t B, H, n, Ht = 0;
-  Tensor table, qband, kband;  // undefined when absent; kband transposed to [B·H, 2wk + 1, n]
+  Tensor table, qband, kband, hide;  // undefined when absent; kband transposed to [B·H, 2wk + 1, n]
   int64_t wq = 0, wk = 0;
 
   Inputs(const Tensor& q, const std::optional<Tensor>& t, const std::optional<Tensor>& qb,
-         const std::optional<Tensor>& kb)
+         const std::optional<Tensor>& kb, const std::optional<Tensor>& keep)
       : B(q.size(0)), H(q.size(1)), n(q.size(2)) {
+    if (keep) {
+      TORCH_CHECK(keep->scalar_type() == at::kBool && keep->dim() == 2 && keep->size(0) == B && keep->size(1) == n,
+                  "keep must be a bool [B, n] tensor");
+      hide = at::zeros({B, n}, q.options()).masked_fill_(keep->logical_not(), -std::numeric_limits<float>::infinity()).contiguous();
+    }
     if (t) {
       check(*t, "table", 2);
       Ht = t->size(0);
@@ -154,6 +168,7 @@ struct Inputs {
     if (table.defined()) b.table = table.data_ptr<float>() + (Ht == 1 ? 0 : bh % H) * (2 * n - 1);
     if (qband.defined()) { b.qband = qband.data_ptr<float>() + bh * n * (2 * wq + 1); b.wq = wq; }
     if (kband.defined()) { b.kband = kband.data_ptr<float>() + bh * n * (2 * wk + 1); b.wk = wk; }
+    if (hide.defined()) b.hide = hide.data_ptr<float>() + (bh / H) * n;
     return b;
   }
 };
@@ -163,13 +178,13 @@ struct Inputs {
 // q, k [B, H, n, d], v [B, H, n, e]; causal: query i sees keys j ≤ i.
 // Returns out [B, H, n, e] and the log-sum-exp of each row [B, H, n].
 std::vector<Tensor> biased_forward(Tensor q, Tensor k, Tensor v, std::optional<Tensor> table,
-                                   std::optional<Tensor> qband, std::optional<Tensor> kband, bool causal,
-                                   int64_t block) {
+                                   std::optional<Tensor> qband, std::optional<Tensor> kband,
+                                   std::optional<Tensor> keep, bool causal, int64_t block) {
   check(q, "q", 4); check(k, "k", 4); check(v, "v", 4);
   TORCH_CHECK(k.sizes() == q.sizes() && v.size(0) == q.size(0) && v.size(1) == q.size(1) && v.size(2) == q.size(2),
               "q, k, v shapes disagree");
   TORCH_CHECK(block > 0, "block must be positive");
-  const Inputs in(q, table, qband, kband);
+  const Inputs in(q, table, qband, kband, keep);
   const int64_t B = in.B, H = in.H, n = in.n, e = v.size(3), BH = B * H;
   block = std::min(block, n);
   q = q.detach(); k = k.detach(); v = v.detach();
@@ -214,14 +229,15 @@ std::vector<Tensor> biased_forward(Tensor q, Tensor k, Tensor v, std::optional<T
 // dq, dk, dv, then the table's (summed over the batch), qband's and kband's, each undefined
 // (None) when that input is absent.
 std::vector<Tensor> biased_backward(Tensor q, Tensor k, Tensor v, std::optional<Tensor> table,
-                                    std::optional<Tensor> qband, std::optional<Tensor> kband, Tensor out,
-                                    Tensor lse, Tensor dout, bool causal, int64_t block) {
+                                    std::optional<Tensor> qband, std::optional<Tensor> kband,
+                                    std::optional<Tensor> keep, Tensor out, Tensor lse, Tensor dout, bool causal,
+                                    int64_t block) {
   check(q, "q", 4); check(k, "k", 4); check(v, "v", 4);
   check(out, "out", 4); check(lse, "lse", 3); check(dout, "dout", 4);
   TORCH_CHECK(k.sizes() == q.sizes() && v.size(2) == q.size(2) && out.sizes() == v.sizes() &&
               dout.sizes() == v.sizes(), "q, k, v, out, dout shapes disagree");
   TORCH_CHECK(block > 0, "block must be positive");
-  const Inputs in(q, table, qband, kband);
+  const Inputs in(q, table, qband, kband, keep);
   const int64_t B = in.B, H = in.H, n = in.n, d = q.size(3), e = v.size(3), BH = B * H, L = 2 * n - 1;
   block = std::min(block, n);
   q = q.detach(); k = k.detach(); v = v.detach();
@@ -288,9 +304,4 @@ std::vector<Tensor> biased_backward(Tensor q, Tensor k, Tensor v, std::optional<
   Tensor dqband = gq.defined() ? gq.view({B, H, n, 2 * in.wq + 1}) : Tensor();
   Tensor dkband = gk.defined() ? gk.transpose(1, 2).reshape({B, H, n, 2 * in.wk + 1}) : Tensor();
   return {dq.view(q.sizes()), dk.view(k.sizes()), dv.view(v.sizes()), dtable, dqband, dkband};
-}
-
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("biased_forward", &biased_forward, "out, lse of softmax(q kᵀ + bias) v (scale 1)");
-  m.def("biased_backward", &biased_backward, "dq, dk, dv and the bias inputs' gradients");
 }
