@@ -193,6 +193,7 @@ std::vector<Tensor> biased_forward(Tensor q, Tensor k, Tensor v, std::optional<T
   at::parallel_for(0, BH, 1, [&](int64_t begin, int64_t end) {
     at::NoGradGuard no_grad;
     Tensor s_buf = at::empty({block * n}, q.options());
+    std::vector<float> inv(block);  // 1 / Σ_j p_ij of the block's rows
     for (int64_t bh = begin; bh < end; ++bh) {
       const Bias bias = in.at(bh);
       Tensor qh = head(q, bh, H), kh = head(k, bh, H), vh = head(v, bh, H), oh = out[bh];
@@ -207,18 +208,28 @@ std::vector<Tensor> biased_forward(Tensor q, Tensor k, Tensor v, std::optional<T
           add_bias(row, i, seen, bias);
           const float mx = *std::max_element(row, row + seen);
           const Vec vmx(mx);
+          Vec acc(0.f);
           int64_t j = 0;
-          for (; j + Vec::size() <= seen; j += Vec::size()) (Vec::loadu(row + j) - vmx).exp_u20().store(row + j);
-          for (; j < seen; ++j) row[j] = std::exp(row[j] - mx);
-          const float total = sum(row, seen);
-          const Vec inv(1.f / total);
-          for (j = 0; j + Vec::size() <= seen; j += Vec::size()) (Vec::loadu(row + j) * inv).store(row + j);
-          for (; j < seen; ++j) row[j] /= total;
+          for (; j + Vec::size() <= seen; j += Vec::size()) {  // p = exp(s − max), unnormalised, summed
+            Vec p = (Vec::loadu(row + j) - vmx).exp_u20();
+            p.store(row + j);
+            acc = acc + p;
+          }
+          float total = at::vec::vec_reduce_all<float>([](Vec& a, Vec& b) { return a + b; }, acc);
+          for (; j < seen; ++j) total += (row[j] = std::exp(row[j] - mx));
           std::fill(row + seen, row + m, 0.f);
+          inv[r] = 1.f / total;
           lp[bh * n + i] = mx + std::log(total);
         }
         Tensor oc = oh.narrow(0, i0, c);
         at::mm_out(oc, s, vh.narrow(0, 0, m));
+        float* op = oc.data_ptr<float>();
+        for (int64_t r = 0; r < c; ++r) {  // normalise the c output rows, not the c × m probabilities
+          const Vec vi(inv[r]);
+          int64_t j = 0;
+          for (; j + Vec::size() <= e; j += Vec::size()) (Vec::loadu(op + r * e + j) * vi).store(op + r * e + j);
+          for (; j < e; ++j) op[r * e + j] *= inv[r];
+        }
       }
     }
   });
