@@ -123,7 +123,9 @@ def report(cells: list[dict[str, Any]], tasks: list[str], meta: dict[str, Any]) 
     summary, rows = summarise(cells, tasks), finetune_cells(cells)
 
     def cell(s: dict[str, float] | None) -> str:
-        return "–" if s is None else f"{s['median']:.1f} ({s['mean']:.1f} ± {s['se']:.1f})"
+        if s is None:
+            return "–"
+        return f"{s['median']:.1f} ({s['mean']:.1f} ± {s['se']:.1f})" if s["n"] > 1 else f"{s['median']:.1f} (1 seed)"
 
     titles = [TASKS[t].title for t in tasks]
     majority = {c["task"]: 100 * c["majority_baseline"] for c in cells}

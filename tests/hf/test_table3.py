@@ -62,3 +62,5 @@ def test_report_judges_tisas_claims_on_the_suite_average(gain, verdict):
     assert claims.count(f"**{verdict}**") == len(CLAIMS)
     assert "| majority class | 50.0 | 50.0 |" in text
     assert "replace S=5" not in text.split("## TISA's claims")[0]      # rows only for measured variants
+    one = report(cells[:1], ["trec6"], {"model": "m", "protocol": "p"})
+    assert "60.0 (1 seed)" in one and "nan" not in one
