@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import os
+import sys
 import warnings
 from pathlib import Path
 from types import ModuleType
@@ -40,6 +41,9 @@ def kernels() -> ModuleType | None:
         return None
     from torch.utils.cpp_extension import load
 
+    if not _built():
+        print("posattn: compiling the fused CPU kernels (once per machine, about a minute)...", file=sys.stderr,
+              flush=True)
     try:
         return load(name="posattn_native", sources=[str(s) for s in SOURCES], extra_cflags=FLAGS,
                     extra_ldflags=["-fopenmp"], verbose=False)
@@ -49,3 +53,13 @@ def kernels() -> ModuleType | None:
                       f"backward (slower for learned position tables). POSATTN_NATIVE=0 silences this.",
                       stacklevel=2)
         return None
+
+
+def _built() -> bool:
+    """Whether a build of the kernels is already in torch's extensions folder (then loading is quick)."""
+    try:
+        from torch.utils.cpp_extension import _get_build_directory
+
+        return any(Path(_get_build_directory("posattn_native", False)).glob("posattn_native*.so"))
+    except Exception:  # a private helper of torch: when it moves, just say nothing
+        return True
