@@ -16,7 +16,7 @@ data (:class:`CaseSpec`) so a memory-measuring child process can rebuild them.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any, Callable
 
 import torch
@@ -66,9 +66,13 @@ class CaseSpec:
     kind: str  # "layer" | "op" | "peer" | "model"
     name: str  # mechanism list as JSON, "sdpa", a peer name, or a model name (:mod:`.models`)
     n: int
+    policy: str = ""  # JSON of fast-path Policy fields this case runs under, over the run's (``--ab``)
 
     @property
     def label(self) -> str:
+        if self.policy:
+            overrides = ",".join(f"{k}={v}" for k, v in json.loads(self.policy).items())
+            return f"{replace(self, policy='').label} [{overrides}]"
         if self.kind == "model" and self.name.startswith("["):
             kind, mechanisms = json.loads(self.name)
             return f"{kind}({spec_label(mechanisms)})"
@@ -211,6 +215,9 @@ def op_case(spec: CaseSpec, sizes: Sizes, record: bool = True) -> Case | None:
 def make_case(spec: CaseSpec, sizes: Sizes, record: bool = True) -> Case | None:
     """Build a case (None when it does not apply, e.g. the op case of an input mechanism);
     ``record``: run it once to record the fast-path algorithms it uses."""
+    if spec.kind in ("layer", "op") and spec.policy:
+        case = make_case(replace(spec, policy=""), sizes, record=False)
+        return None if case is None else _under_policy(case, spec, torch.device(sizes.device), record)
     if spec.kind == "layer":
         return layer_case(spec, sizes, record)
     if spec.kind == "op":
@@ -226,3 +233,17 @@ def make_case(spec: CaseSpec, sizes: Sizes, record: bool = True) -> Case | None:
 
 def sizes_dict(sizes: Sizes) -> dict[str, Any]:
     return asdict(sizes)
+
+
+def _under_policy(case: Case, spec: CaseSpec, device: torch.device, record: bool) -> Case:
+    """``case`` with its steps run under the current fast-path policy plus ``spec.policy``."""
+    overrides = json.loads(spec.policy)
+
+    def under(fn: Callable[[], None]) -> Callable[[], None]:
+        def run() -> None:
+            with fast.using(replace(fast.policy_for(device), **overrides)):
+                fn()
+        return run
+
+    train, infer = under(case.train), under(case.infer)
+    return Case(spec, train, infer, record_paths(train, infer) if record else "")

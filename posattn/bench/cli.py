@@ -51,6 +51,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--warmup", type=int, help="untimed rounds first (default 1)")
     p.add_argument("--policy", nargs="+", default=[], metavar="FIELD=VALUE",
                    help="override fast-path Policy fields, e.g. dense_max_n=256 grad_chunk=64 force=flash_bias")
+    p.add_argument("--ab", nargs="+", default=[], metavar="FIELD=VALUE",
+                   help="time every mechanism a second time under these Policy overrides, in the same "
+                        "interleaved rounds (an A/B on a noisy machine), e.g. --ab native=False")
     p.add_argument("--no-memory", action="store_true", help="skip the peak-memory child processes")
     p.add_argument("--no-time", action="store_true", help="only peak memory (e.g. for n = 16384)")
     p.add_argument("--peers", action="store_true",
@@ -96,13 +99,13 @@ def options(args: argparse.Namespace) -> BenchOptions:
                         repeats=_first(args.repeats, quick.get("repeats"), 5),
                         warmup=_first(args.warmup, quick.get("warmup"), 1),
                         timing=not args.no_time, memory=not args.no_memory, peers=args.peers,
-                        policy=policy_overrides(args.policy))
+                        policy=policy_overrides(args.policy), ab=policy_overrides(args.ab, "--ab"))
     if mechs is not None:
         opts.mechanisms = mechs
     return opts
 
 
-def policy_overrides(items: list[str]) -> dict[str, Any]:
+def policy_overrides(items: list[str], option: str = "--policy") -> dict[str, Any]:
     """``["dense_max_n=256", "force=banded"]`` -> Policy fields (every bad item in one error)."""
     fields = {f.name: f for f in dataclasses.fields(Policy)}
     out: dict[str, Any] = {}
@@ -118,7 +121,7 @@ def policy_overrides(items: list[str]) -> dict[str, Any]:
             value = raw  # a bare word: force=banded
         out[key] = None if raw == "None" else value
     if bad:
-        raise PositionError(f"bench --policy: bad item(s) {', '.join(bad)}; use FIELD=VALUE with FIELD one "
+        raise PositionError(f"bench {option}: bad item(s) {', '.join(bad)}; use FIELD=VALUE with FIELD one "
                             f"of {', '.join(fields)}")
     return out
 

@@ -29,6 +29,7 @@ class BenchOptions:
     batches: list[int] = field(default_factory=lambda: [1])  # a grid: every length × batch
     models: list[str] = field(default_factory=list)  # model cases (kind "model", :mod:`.models`)
     policy: dict[str, Any] = field(default_factory=dict)  # fast-path Policy fields to override
+    ab: dict[str, Any] = field(default_factory=dict)  # every mechanism timed again under these overrides
     threads: int = 2
     repeats: int = 5
     warmup: int = 1
@@ -49,6 +50,8 @@ def case_specs(opts: BenchOptions, n: int) -> list[CaseSpec]:
     for kind in opts.kinds:
         specs.append(CaseSpec(kind, BASELINE, n))
         specs += [CaseSpec(kind, json.dumps(m), n) for m in opts.mechanisms]
+        if opts.ab and kind in ("layer", "op"):  # the B arm, in the same interleaved rounds
+            specs += [CaseSpec(kind, json.dumps(m), n, json.dumps(opts.ab)) for m in opts.mechanisms]
     if opts.peers:
         specs += [CaseSpec("peer", p, n) for p in peer_lib.available()]
     return specs

@@ -172,3 +172,20 @@ def test_policy_overrides(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
     assert main(["bench", *TINY, "--policy", "nope=1", "dense_max_n"]) == 2
     err = capsys.readouterr().err
     assert "nope=1" in err and "dense_max_n" in err and "band_fraction" in err
+
+
+def test_ab_times_every_mechanism_again_under_other_policy_fields(tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """``--ab``: each mechanism a second time, labelled with the overrides, in the same run; its
+    path shows the B policy (here: dense instead of flash-bias), the A arm keeps the run's."""
+    rows = run_cli(tmp_path, "-m", "fixed_conv", "-n", "64", "--kinds", "layer", "op",
+                   "--policy", "dense_max_n=0", "force=flash_bias", "grad_chunk=16", "--ab", "force=dense")
+    paths = {(r["mechanism"], r["kind"]): r["path"] for r in rows}
+    assert paths[("fixed_conv", "layer")] == "flash_bias" and paths[("fixed_conv [force=dense]", "layer")] == "dense"
+    assert paths[("fixed_conv [force=dense]", "op")] == "dense"
+    b = next(r for r in rows if r["mechanism"] == "fixed_conv [force=dense]")
+    assert b["train_ratio"] > 0 and b["infer_ratio"] > 0
+    spec = CaseSpec("layer", json.dumps(["t5"]), 32, json.dumps({"native": False}))
+    assert spec.label == "t5 [native=False]"
+    assert main(["bench", *TINY, "--ab", "nope=1"]) == 2
+    assert "bench --ab: bad item(s) nope=1" in capsys.readouterr().err
