@@ -6,12 +6,13 @@ clipped relative term's (band sums of dS) needs dS in memory: about a dozen pass
 [b, h, rows, n] tensors. ``csrc/biased_attention.cpp`` adds the bias from its small inputs and
 reduces dS into their gradients inside a flash-style forward and backward instead (its header
 explains how): :mod:`.flash_bias` uses its backward for tables, :mod:`.fused` both for tables and
-query/key-relative bands.
+query/key-relative bands. ``csrc/depthwise_conv.cpp`` is the channels-last depthwise convolution
+of :mod:`posattn.mechanisms.conv`.
 
-Needs a C++ compiler with OpenMP and a CPU with AVX2 (the kernel is compiled for it). Compiled
-once per machine into torch's extensions folder (``TORCH_EXTENSIONS_DIR``, ~30 s); where it cannot
-be built, one warning says why and the pure-PyTorch backward is used. ``POSATTN_NATIVE=0`` turns it
-off.
+Needs a C++ compiler with OpenMP and a CPU with AVX2 (the kernels are compiled for it). Compiled
+once per machine into torch's extensions folder (``TORCH_EXTENSIONS_DIR``, about a minute on 2
+cores); where they cannot be built, one warning says why and the pure-PyTorch paths run.
+``POSATTN_NATIVE=0`` turns them off.
 """
 from __future__ import annotations
 
@@ -24,7 +25,8 @@ from types import ModuleType
 
 import torch
 
-SOURCES = [Path(__file__).parent / "csrc" / name for name in ("module.cpp", "biased_attention.cpp", "depthwise_conv.cpp")]
+SOURCES = [Path(__file__).parent / "csrc" / name
+           for name in ("module.cpp", "biased_attention.cpp", "depthwise_conv.cpp")]
 FLAGS = ["-O3", "-fopenmp", "-mavx2", "-mfma", "-DCPU_CAPABILITY=AVX2", "-DCPU_CAPABILITY_AVX2"]
 
 
