@@ -75,7 +75,7 @@ class Policy:
     dense_cache_bytes: int = 1 << 26  # ... cached, while the [h, n, n] bias is at most this big;
     low_rank_dense_max_n: int = 256  # ... in training, up to this length
     use_flex: bool = True  # CUDA: FlexAttention when torch provides it
-    native: bool = True  # CPU: flash-bias's fused C++ backward for learned tables (then at every length)
+    native: bool = True  # CPU: the fused C++ kernels (:mod:`.native`) where they apply and build
     force: Path | None = None  # tests and benchmarks: take this path whenever it applies
 
 
@@ -179,15 +179,16 @@ def plan(q: Tensor, terms: list[Term], causal: bool, dropout: float = 0.0, train
     if policy.force == "fused" and _fusable(q, rest, policy):
         return "fused"
     grads = _needs_grad(_term_tensors(rest))
-    fusable, tables = _fusable(q, rest, policy), _position_only(rest)
-    shortest = policy.fused_grad_max_n if fusable and tables else policy.dense_grad_max_n
+    tables = _position_only(rest)
+    fused_tables = grads and tables and _fusable(q, rest, policy)  # asked only here: a first call builds them
+    shortest = policy.fused_grad_max_n if fused_tables else policy.dense_grad_max_n
     learned_positions = grads and tables and n > shortest
     if n <= policy.dense_max_n and not learned_positions:
-        return "fused" if fusable and not tables else "dense"
+        return "fused" if not tables and _fusable(q, rest, policy) else "dense"
     relative = any(isinstance(t, QueryRelative) for t in rest)
     if banded_ok and (relative or (grads and n >= policy.band_min_n)):
         return "banded"
-    if learned_positions and fusable and keep is not None:  # flash-bias's fused backward takes no padding
+    if learned_positions and fused_tables and keep is not None:  # flash-bias's fused backward takes no padding
         return "fused"
     return "flash_bias"
 

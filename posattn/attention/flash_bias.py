@@ -32,7 +32,6 @@ from . import native
 from .kernels import flash_bwd, flash_fwd, reduce_to
 
 NEG = float("-inf")
-NATIVE_BLOCK = 256  # query rows per block of the fused kernel (n = 512: 256 and 512 tie, 128 is 4% slower)
 
 # builds an extra bias chunk [b|1, h|1, i1 − i0, n − j0] over reversed keys j' ∈ [j0, n)
 ChunkFn = Callable[[Sequence[Tensor], int, int, int], Tensor]
@@ -227,7 +226,7 @@ class FlashBias(torch.autograd.Function):
                and q.dtype == torch.float32 and table.dim() == 2 else None)
         if lib is not None:  # one table, nothing else: every gradient from the fused kernel
             dq, dk, dv, dtable, _, _ = lib.biased_backward(q, kr.flip(-2), vr.flip(-2), table, None, None, None,
-                                                           out, lse, do, geo.causal, NATIVE_BLOCK)
+                                                           out, lse, do, geo.causal, native.BLOCK)
             return (None, dq, dk, dv, dtable)
         d = (do * out).sum(-1)
         dq = torch.empty_like(q)

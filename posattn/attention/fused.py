@@ -20,9 +20,6 @@ from torch import Tensor
 from . import native
 from .terms import Term
 
-BLOCK = 256  # query rows per block (as flash-bias's backward)
-
-
 def widen(band: Tensor, window: int) -> Tensor:
     """[..., 2w + 1] -> [..., 2·window + 1] with the edge values repeated (the clipped term)."""
     w = band.shape[-1] // 2
@@ -40,9 +37,9 @@ def kernel_inputs(terms: list[Term]) -> dict[str, Tensor]:
         name, x = t.kernel_input()
         grouped.setdefault(name, []).append(x)
     out = {}
-    for name, xs in grouped.items():
+    for name, xs in grouped.items():  # tables all span 2n − 1 offsets: widening leaves them as they are
         window = max(x.shape[-1] // 2 for x in xs)
-        out[name] = sum(widen(x, window) if name != "table" else x for x in xs)
+        out[name] = sum(widen(x, window) for x in xs)
     return out
 
 
@@ -54,7 +51,7 @@ class FusedBias(torch.autograd.Function):
                 table: Tensor | None, qband: Tensor | None, kband: Tensor | None) -> Tensor:
         lib = native.kernels()
         assert lib is not None, "the fused path is planned only where the kernels built"
-        out, lse = lib.biased_forward(q, k, v, table, qband, kband, keep, causal, BLOCK)
+        out, lse = lib.biased_forward(q, k, v, table, qband, kband, keep, causal, native.BLOCK)
         ctx.causal, ctx.keep = causal, keep
         ctx.save_for_backward(q, k, v, table, qband, kband, out, lse)
         return out
@@ -63,7 +60,8 @@ class FusedBias(torch.autograd.Function):
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
         q, k, v, table, qband, kband, out, lse = ctx.saved_tensors
         lib = native.kernels()
-        grads = lib.biased_backward(q, k, v, table, qband, kband, ctx.keep, out, lse, grad, ctx.causal, BLOCK)
+        grads = lib.biased_backward(q, k, v, table, qband, kband, ctx.keep, out, lse, grad, ctx.causal,
+                                    native.BLOCK)
         return (None, None, *grads)
 
 

@@ -17,6 +17,7 @@ cores); where they cannot be built, one warning says why and the pure-PyTorch pa
 from __future__ import annotations
 
 import functools
+import hashlib
 import os
 import sys
 import warnings
@@ -25,8 +26,9 @@ from types import ModuleType
 
 import torch
 
-SOURCES = [Path(__file__).parent / "csrc" / name
-           for name in ("module.cpp", "biased_attention.cpp", "depthwise_conv.cpp")]
+CSRC = Path(__file__).parent / "csrc"
+SOURCES = [CSRC / name for name in ("module.cpp", "biased_attention.cpp", "depthwise_conv.cpp")]
+BLOCK = 256  # query rows per block of the attention kernels (backward at n = 512: 256 and 512 tie, 128 is 4% slower)
 FLAGS = ["-O3", "-fopenmp", "-mavx2", "-mfma", "-DCPU_CAPABILITY=AVX2", "-DCPU_CAPABILITY_AVX2"]
 
 
@@ -47,7 +49,7 @@ def kernels() -> ModuleType | None:
         print("posattn: compiling the fused CPU kernels (once per machine, about a minute)...", file=sys.stderr,
               flush=True)
     try:
-        return load(name="posattn_native", sources=[str(s) for s in SOURCES], extra_cflags=FLAGS,
+        return load(name="posattn_native", sources=[str(s) for s in SOURCES], extra_cflags=[*FLAGS, _digest()],
                     extra_ldflags=["-fopenmp"], verbose=False)
     except Exception as e:  # no compiler, no ninja, no writable cache: fall back, say why once
         warnings.warn(f"posattn: the fused CPU kernels could not be built ({type(e).__name__}: "
@@ -55,6 +57,13 @@ def kernels() -> ModuleType | None:
                       f"backward (slower for learned position tables). POSATTN_NATIVE=0 silences this.",
                       stacklevel=2)
         return None
+
+
+def _digest() -> str:
+    """A define naming the content of every file in ``csrc/``: torch rebuilds when its sources or
+    flags change, and this makes a change to the shared header ``kernels.h`` one too."""
+    files = sorted(CSRC.glob("*.[ch]*"))
+    return "-DPOSATTN_CSRC=" + hashlib.sha1(b"".join(f.read_bytes() for f in files)).hexdigest()[:16]
 
 
 def _built() -> bool:

@@ -117,10 +117,11 @@ def _stats(xs: list[float]) -> dict[str, float]:
             "n": len(xs)}
 
 
-def report(cells: list[dict[str, Any]], tasks: list[str], meta: dict[str, Any]) -> str:
-    """``report.md``: median (mean ± s.e.) per variant and task, the suite average, the majority
-    class, and TISA's claims (:data:`CLAIMS`) judged on the per-seed suite averages."""
-    summary, rows = summarise(cells, tasks), finetune_cells(cells)
+def report(cells: list[dict[str, Any]], summary: dict[str, Any], tasks: list[str], meta: dict[str, Any]) -> str:
+    """``report.md``: median (mean ± s.e.) per variant and task, the suite average (``summary``, from
+    :func:`summarise`), the majority class, and TISA's claims (:data:`CLAIMS`) judged on the
+    per-seed suite averages."""
+    rows = finetune_cells(cells)
 
     def cell(s: dict[str, float] | None) -> str:
         if s is None:
@@ -179,9 +180,10 @@ def run(model: str = "minilm", tasks: list[str] | None = None, seeds: int = 5, m
 def write(out: Path, cells: list[dict[str, Any]], tasks: list[str], name: str, folder: str,
           protocol: str, plots: bool = False) -> dict[str, Any]:
     """results.json and report.md (and, with ``plots``, scores.png and suite_score.png)."""
-    result = {"model": folder, "protocol": protocol, "summary": summarise(cells, tasks), "cells": cells}
+    summary = summarise(cells, tasks)
+    result = {"model": folder, "protocol": protocol, "summary": summary, "cells": cells}
     (out / "results.json").write_text(json.dumps(result, indent=2))
-    (out / "report.md").write_text(report(cells, tasks, {"model": name, "protocol": protocol}))
+    (out / "report.md").write_text(report(cells, summary, tasks, {"model": name, "protocol": protocol}))
     if plots:
         plot_scores(f"TISA Table 3 on {name}", list(VARIANTS), tasks, finetune_cells(cells), out)
     return result

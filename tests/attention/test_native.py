@@ -10,8 +10,9 @@ import torch.nn.functional as F
 
 from posattn.attention import fast, native, reference
 from posattn.attention.fast import Policy, plan
-from posattn.attention.flash_bias import NATIVE_BLOCK
 from posattn.attention.terms import QueryRelative, Toeplitz
+
+from .test_fast_paths import keep_mask
 
 if shutil.which("c++") is None or not native.enabled():
     pytest.skip("the fused CPU kernels need a C++ compiler and an AVX2 CPU", allow_module_level=True)
@@ -62,7 +63,7 @@ def gradients(leaves: list[torch.Tensor], causal: bool, path: str, grad_out: tor
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["enc", "dec"])
-@pytest.mark.parametrize("b, h, ht, n, d", [(2, 3, 3, 37, 8), (2, 3, 1, 37, 8), (1, 2, 2, NATIVE_BLOCK + 45, 16)])
+@pytest.mark.parametrize("b, h, ht, n, d", [(2, 3, 3, 37, 8), (2, 3, 1, 37, 8), (1, 2, 2, native.BLOCK + 45, 16)])
 def test_fused_backward_equals_the_reference(calls, causal, b, h, ht, n, d):
     leaves = inputs(b, h, ht, n, d, seed=n + ht)
     grad_out = torch.randn(b, h, n, d, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
@@ -150,14 +151,6 @@ CASES = {  # name -> [(kind, window, per_head)]: kind "table", "q" (query-relati
     "query-relative wider than n": [("q", 50, False)],
     "two query windows + key + table": [("q", 2, True), ("q", 5, False), ("k", 4, True), ("table", 0, True)],
 }
-
-
-def keep_mask(b: int, n: int) -> torch.Tensor:
-    keep = torch.ones(b, n, dtype=torch.bool)
-    keep[0, n - 7:] = False  # right padding
-    keep[-1, :5] = False  # left padding
-    keep[-1, n // 2] = False  # a hole
-    return keep
 
 
 @pytest.mark.parametrize("pad", [False, True], ids=["nopad", "pad"])

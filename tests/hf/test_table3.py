@@ -57,10 +57,11 @@ def test_report_judges_tisas_claims_on_the_suite_average(gain, verdict):
     cells = [_cell(v, t, seed, 0.6 + e + (gain if v.startswith("supplement") else 0))
              for v in ("baseline", "supplement S=1", "supplement S=3", "supplement S=5")
              for t in ("trec6", "word_order") for seed, e in enumerate(noise)]
-    text = report(cells, ["trec6", "word_order"], {"model": "m", "protocol": "p"})
+    tasks = ["trec6", "word_order"]
+    text = report(cells, summarise(cells, tasks), tasks, {"model": "m", "protocol": "p"})
     claims = text.split("## TISA's claims")[1]
     assert claims.count(f"**{verdict}**") == len(CLAIMS)
     assert "| majority class | 50.0 | 50.0 |" in text
     assert "replace S=5" not in text.split("## TISA's claims")[0]      # rows only for measured variants
-    one = report(cells[:1], ["trec6"], {"model": "m", "protocol": "p"})
+    one = report(cells[:1], summarise(cells[:1], ["trec6"]), ["trec6"], {"model": "m", "protocol": "p"})
     assert "60.0 (1 seed)" in one and "nan" not in one

@@ -15,17 +15,10 @@
 // into the inputs' gradients in the same pass (table: anti-diagonal sums over the batch; bands:
 // the window, plus the row / column sums of the clipped tails), then dq = dS k, dk += dSᵀ q,
 // dv += Pᵀ dO (three GEMMs). No n×n tensor is ever in memory.
-#include <torch/extension.h>
-#include <ATen/Parallel.h>
-#include <ATen/cpu/vec/vec.h>
+#include "kernels.h"
 
 #include <algorithm>
 #include <limits>
-#include <optional>
-#include <vector>
-
-using at::Tensor;
-using Vec = at::vec::Vectorized<float>;
 
 namespace {
 
@@ -111,11 +104,6 @@ inline void grad_bias(const float* ds, int64_t i, int64_t m, const Bias& b, cons
     for (int64_t j = lo; j < hi; ++j) g.kband[(i - j + b.wk) * n + j] += ds[j];
     add(g.kband + hi, ds + hi, m - hi);
   }
-}
-
-void check(const Tensor& x, const char* name, int64_t dim) {
-  TORCH_CHECK(x.device().is_cpu() && x.scalar_type() == at::kFloat, name, " must be a float32 CPU tensor");
-  TORCH_CHECK(x.dim() == dim, name, " must be a ", dim, "-d tensor");
 }
 
 // Detached (the worker threads run with grad mode on, where out= GEMMs refuse inputs that

@@ -5,15 +5,9 @@
 // and a copy on each side of it, forward and backward. Here each output row is K vectorised
 // multiply-adds of nearby input rows, in cache; the backward is the same convolution of the
 // gradient with the flipped filter (∂x) and K dot products per channel (∂w).
-#include <torch/extension.h>
-#include <ATen/Parallel.h>
-#include <ATen/cpu/vec/vec.h>
+#include "kernels.h"
 
 #include <algorithm>
-#include <vector>
-
-using at::Tensor;
-using Vec = at::vec::Vectorized<float>;
 
 namespace {
 
@@ -23,11 +17,6 @@ inline void fma_row(float* acc, const float* a, const float* b, int64_t C) {
   for (; c + Vec::size() <= C; c += Vec::size())
     at::vec::fmadd(Vec::loadu(a + c), Vec::loadu(b + c), Vec::loadu(acc + c)).store(acc + c);
   for (; c < C; ++c) acc[c] += a[c] * b[c];
-}
-
-void check(const Tensor& x, const char* name, int64_t dim) {
-  TORCH_CHECK(x.device().is_cpu() && x.scalar_type() == at::kFloat, name, " must be a float32 CPU tensor");
-  TORCH_CHECK(x.dim() == dim, name, " must be a ", dim, "-d tensor");
 }
 
 // y = conv(x, wt) with wt [K, C] (filter taps as rows), rows t of y from rows t + m − left of x.
