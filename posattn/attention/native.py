@@ -16,6 +16,8 @@ cores); where they cannot be built, one warning says why and the pure-PyTorch pa
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import functools
 import hashlib
 import os
@@ -23,10 +25,12 @@ import sys
 import warnings
 from pathlib import Path
 from types import ModuleType
+from typing import Iterator
 
 import torch
 
 CSRC = Path(__file__).parent / "csrc"
+NAME = "posattn_native"
 SOURCES = [CSRC / name for name in ("module.cpp", "biased_attention.cpp", "depthwise_conv.cpp")]
 BLOCK = 256  # query rows per block of the attention kernels (backward at n = 512: 256 and 512 tie, 128 is 4% slower)
 FLAGS = ["-O3", "-fopenmp", "-mavx2", "-mfma", "-DCPU_CAPABILITY=AVX2", "-DCPU_CAPABILITY_AVX2"]
@@ -45,12 +49,14 @@ def kernels() -> ModuleType | None:
         return None
     from torch.utils.cpp_extension import load
 
-    if not _built():
-        print("posattn: compiling the fused CPU kernels (once per machine, about a minute)...", file=sys.stderr,
-              flush=True)
     try:
-        return load(name="posattn_native", sources=[str(s) for s in SOURCES], extra_cflags=[*FLAGS, _digest()],
-                    extra_ldflags=["-fopenmp"], verbose=False)
+        build = _build_directory()
+        if not any(build.glob(f"{NAME}*.so")):
+            print("posattn: compiling the fused CPU kernels (once per machine, about a minute)...", file=sys.stderr,
+                  flush=True)
+        with _exclusive(build):
+            return load(name=NAME, sources=[str(s) for s in SOURCES], extra_cflags=[*FLAGS, _digest()],
+                        extra_ldflags=["-fopenmp"], build_directory=str(build), verbose=False)
     except Exception as e:  # no compiler, no ninja, no writable cache: fall back, say why once
         warnings.warn(f"posattn: the fused CPU kernels could not be built ({type(e).__name__}: "
                       f"{str(e).strip().splitlines()[-1] if str(e).strip() else ''}); using the PyTorch "
@@ -66,11 +72,26 @@ def _digest() -> str:
     return "-DPOSATTN_CSRC=" + hashlib.sha1(b"".join(f.read_bytes() for f in files)).hexdigest()[:16]
 
 
-def _built() -> bool:
-    """Whether a build of the kernels is already in torch's extensions folder (then loading is quick)."""
-    try:
-        from torch.utils.cpp_extension import _get_build_directory
+def _build_directory() -> Path:
+    """Where the kernels are built: a folder per Python and torch version in torch's extensions
+    folder (``TORCH_EXTENSIONS_DIR`` where set)."""
+    from torch.utils.cpp_extension import get_default_build_root
 
-        return any(Path(_get_build_directory("posattn_native", False)).glob("posattn_native*.so"))
-    except Exception:  # a private helper of torch: when it moves, just say nothing
-        return True
+    root = os.environ.get("TORCH_EXTENSIONS_DIR") or get_default_build_root()
+    build = Path(root) / f"{NAME}-py{sys.version_info.major}{sys.version_info.minor}-torch{torch.__version__}"
+    build.mkdir(parents=True, exist_ok=True)
+    return build
+
+
+@contextlib.contextmanager
+def _exclusive(build: Path) -> Iterator[None]:
+    """Hold an OS lock on ``build`` while torch builds or loads there.
+
+    torch guards a build with a plain ``lock`` file and waits for it to vanish, forever: a build
+    that was killed leaves it behind and every later process hangs. An ``flock`` dies with its
+    process, and while this process holds it no other posattn build runs, so a ``lock`` file
+    found then is stale and removed."""
+    with open(build / "posattn.lock", "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)  # released when the file closes or the process dies
+        (build / "lock").unlink(missing_ok=True)
+        yield

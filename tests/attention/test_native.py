@@ -2,7 +2,10 @@
 float64 reference and the pure-PyTorch flash-bias backward it replaces."""
 from __future__ import annotations
 
+import os
 import shutil
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -127,6 +130,20 @@ def test_turned_off_by_the_environment(monkeypatch):
     finally:
         monkeypatch.delenv("POSATTN_NATIVE")
         native.kernels.cache_clear()
+
+
+def test_a_killed_build_does_not_hang_the_next(lib, tmp_path):
+    """A build killed mid-way leaves torch's ``lock`` file behind, on which torch waits forever;
+    the next process must load the kernels regardless (here: from a copy of this build)."""
+    build = native._build_directory()
+    copy = tmp_path / build.name
+    shutil.copytree(build, copy, ignore=shutil.ignore_patterns("*lock"))
+    (copy / "lock").touch()
+    env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-c", "from posattn.attention import native; print(native.kernels())"],
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and "posattn_native" in done.stdout, done.stderr
+    assert not (copy / "lock").exists()
 
 
 def test_kernel_rejects_bad_input(lib):
