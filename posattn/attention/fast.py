@@ -4,7 +4,7 @@ Every algorithm here is exact (equal to the reference path in outputs and gradie
 and none ever uses more memory than the reference path. :func:`plan` picks one per call from
 the term structures, the device and the length, never from a mechanism's name:
 
-- ``sdpa``: no score term beyond :class:`LowRank` ones. Those fold exactly into extra q/k
+- ``sdpa``: no score term beyond :class:`LowRank` ones (but see ``fused``). Those fold exactly into extra q/k
   dimensions, q' = [q/√d_h, u], k' = [k, v] (v zero-padded to the same width, which the CPU
   flash kernel needs; the width is rounded up to a multiple of 8), so SDPA keeps its fused
   kernel. A :class:`Toeplitz` term with a ``causal_form`` uses that low-rank form under a
@@ -28,7 +28,10 @@ the term structures, the device and the length, never from a mechanism's name:
   :mod:`.flash_bias`, linear memory beyond the terms themselves.
 - ``fused`` (CPU, float32): query/key-relative terms (with or without tables) at n ≤
   ``dense_max_n``, where the dense bias would be gathered per batch row and SDPA would run its
-  math path; learned tables with padding where flash-bias would take them: :mod:`.fused`, the
+  math path; narrow low-rank terms alone at n ≤ ``dense_max_n`` in a decoder (causal ALiBi,
+  where SDPA's CPU kernel gains little from the mask and ours skips the masked half) and at
+  inference (segment embeddings; no q/k/v widened from 64 to 72 for a rank of 1 or 2); learned
+  tables with padding where flash-bias would take them: :mod:`.fused`, the
   C++ kernels of :mod:`.native` with the bias added from the terms' small inputs and their
   gradients reduced from dS in the same pass.
 - ``flex`` (CUDA): FlexAttention with the terms inside the kernel (:mod:`.flex`).
@@ -165,6 +168,9 @@ def plan(q: Tensor, terms: list[Term], causal: bool, dropout: float = 0.0, train
     if not rest:
         if low and _low_rank_as_bias(q, low, policy):
             return "dense"
+        pays = n <= policy.dense_max_n and (causal or not _needs_grad([q, *_term_tensors(low)]))
+        if low and (pays or policy.force == "fused") and _fusable(q, low, policy):
+            return "fused"
         return "sdpa"
     if q.device.type == "cuda" and policy.use_flex and _flex_available():
         return "flex"
@@ -198,7 +204,8 @@ def _fusable(q: Tensor, rest: list[Term], policy: Policy) -> bool:
     tables alone they beat the dense bias from n = 256 on (layer training step ÷ SDPA, b = 16:
     1.03 against 1.06; at n = 128 they tie): flash-bias with the fused backward, or, with
     padding, the fused path."""
-    return policy.native and q.dtype == torch.float32 and all(t.fusable() for t in rest) and native.kernels() is not None
+    return (policy.native and q.device.type == "cpu" and q.dtype == torch.float32 and all(t.fusable() for t in rest)
+            and native.kernels() is not None)
 
 
 def _low_rank_as_bias(q: Tensor, low: list[LowRank], policy: Policy) -> bool:
@@ -261,11 +268,11 @@ def attend(
         from .flex import flex_attend
 
         return flex_attend(q, k, v, low, rest, keep, causal, scale)
+    if path == "fused":
+        return fused_attention(q * scale, k, v, kernel_inputs(rest + low), keep, causal)
     q2, k2, v2 = fold_low_rank(q, k, v, low, scale, policy.width_multiple)
     if path == "banded":
         o = _banded(q2, k2, v2, rest, keep, causal, scale, policy)
-    elif path == "fused":
-        o = fused_attention(q2, k2, v2, kernel_inputs(rest), keep, causal)
     else:
         o = _flash_bias(q2, k2, v2, rest, keep, causal, policy)
     return o[..., :d_v]

@@ -56,7 +56,8 @@ class Term:
 
     def kernel_input(self) -> tuple[str, Tensor]:
         """(name, tensor) of this term as an input of the fused C++ kernels: ``table``
-        [h|1, 2n − 1], or ``qband`` / ``kband`` [b, h, n, 2w + 1]."""
+        [h|1, 2n − 1], ``qband`` / ``kband`` [b, h, n, 2w + 1], or ``lowrank`` [2, b|1, h|1, n, r]
+        (u and v)."""
         raise NotImplementedError
 
 
@@ -112,6 +113,12 @@ class LowRank(Term):
 
     def first_row(self) -> "LowRank":
         return LowRank(self.u[:1], self.v[:1])
+
+    def fusable(self) -> bool:
+        return True
+
+    def kernel_input(self) -> tuple[str, Tensor]:
+        return "lowrank", torch.stack(torch.broadcast_tensors(self.u, self.v))
 
 
 @dataclass

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 from posattn.attention import fast, native, reference
 from posattn.attention.fast import Policy, plan
-from posattn.attention.terms import QueryRelative, Toeplitz
+from posattn.attention.terms import LowRank, QueryRelative, Term, Toeplitz
 
 from .test_fast_paths import keep_mask
 
@@ -149,11 +149,14 @@ def test_a_killed_build_does_not_hang_the_next(lib, tmp_path):
 def test_kernel_rejects_bad_input(lib):
     q = torch.randn(1, 2, 8, 4)
     with pytest.raises(RuntimeError, match="table must be"):
-        lib.biased_backward(q, q, q, torch.randn(3, 15), None, None, None, q, torch.randn(1, 2, 8), q, False, 4)
+        lib.biased_backward(q, q, q, torch.randn(3, 15), None, None, None, None, q, torch.randn(1, 2, 8), q, False, 4)
     with pytest.raises(RuntimeError, match="float32"):
-        lib.biased_backward(q.double(), q, q, torch.randn(2, 15), None, None, None, q, torch.randn(1, 2, 8), q, False, 4)
+        lib.biased_backward(q.double(), q, q, torch.randn(2, 15), None, None, None, None, q, torch.randn(1, 2, 8), q,
+                            False, 4)
     with pytest.raises(RuntimeError, match="keep must be"):
-        lib.biased_forward(q, q, q, None, None, None, torch.ones(1, 8), False, 4)
+        lib.biased_forward(q, q, q, None, None, None, None, torch.ones(1, 8), False, 4)
+    with pytest.raises(RuntimeError, match="lowrank must be"):
+        lib.biased_forward(q, q, q, None, None, None, torch.randn(2, 1, 1, 8, 3), None, False, 4)
 
 
 def relative_weight(h: int, d: int, window: int, per_head: bool, seed: int) -> torch.Tensor:
@@ -161,35 +164,59 @@ def relative_weight(h: int, d: int, window: int, per_head: bool, seed: int) -> t
     return torch.randn(*((h,) if per_head else ()), 2 * window + 1, d, generator=g, dtype=torch.float64)
 
 
-CASES = {  # name -> [(kind, window, per_head)]: kind "table", "q" (query-relative) or "k" (key-relative)
+CASES = {  # name -> [(kind, window or rank, per_head)]: kind "table", "q" (query-relative),
+    #          "k" (key-relative) or "low" (u·vᵀ, u per head [1, h, n, r], v per batch row [b, 1, n, r])
     "table": [("table", 0, True)],
     "query-relative": [("q", 3, True)],
     "key-relative": [("k", 2, False)],
     "query-relative wider than n": [("q", 50, False)],
     "two query windows + key + table": [("q", 2, True), ("q", 5, False), ("k", 4, True), ("table", 0, True)],
+    "low-rank": [("low", 2, True)],
+    "two low-rank + query-relative + table": [("low", 1, True), ("low", 3, True), ("q", 2, True), ("table", 0, True)],
 }
+
+
+def case_weights(specs: list[tuple[str, int, bool]], table: torch.Tensor, b: int, h: int, n: int,
+                 d: int) -> list[torch.Tensor]:
+    """The leaves of each term of ``specs``: a table, W of a relative term, or u and v."""
+    out = []
+    for i, (kind, size, per_head) in enumerate(specs):
+        g = torch.Generator().manual_seed(10 + i)
+        if kind == "table":
+            out.append(table)
+        elif kind == "low":
+            out += [torch.randn(1, h, n, size, generator=g, dtype=torch.float64),
+                    torch.randn(b, 1, n, size, generator=g, dtype=torch.float64)]
+        else:
+            out.append(relative_weight(h, d, size, per_head, seed=i))
+    return out
+
+
+def case_terms(specs: list[tuple[str, int, bool]], leaves: list[torch.Tensor], q: torch.Tensor,
+               k: torch.Tensor) -> list[Term]:
+    it = iter(leaves)
+    return [Toeplitz(next(it)) if kind == "table" else LowRank(next(it), next(it)) if kind == "low"
+            else QueryRelative(k if kind == "k" else q, next(it), size, 0.3, key_side=kind == "k")
+            for kind, size, _ in specs]
 
 
 @pytest.mark.parametrize("pad", [False, True], ids=["nopad", "pad"])
 @pytest.mark.parametrize("causal", [False, True], ids=["enc", "dec"])
 @pytest.mark.parametrize("case", list(CASES))
 def test_fused_path_equals_the_reference(calls, case, causal, pad):
-    """Forward and backward kernels (tables and clipped query/key-relative bands, summed and
-    widened; padding keys hidden) against the float64 reference: outputs and every gradient,
-    including W's."""
+    """Forward and backward kernels (tables, clipped query/key-relative bands summed and
+    widened, low-rank factors concatenated; padding keys hidden) against the float64 reference:
+    outputs and every gradient, including W's, u's and v's."""
     b, h, n, d = 2, 3, 37, 8
     q, k, v, table = inputs(b, h, h, n, d, seed=7)
     keep = keep_mask(b, n) if pad else None
     specs = CASES[case]
-    weights = [table if kind == "table" else relative_weight(h, d, win, per_head, seed=i)
-               for i, (kind, win, per_head) in enumerate(specs)]
+    weights = case_weights(specs, table, b, h, n, d)
 
     def run(dtype: torch.dtype, path: str) -> list[torch.Tensor]:
         qq, kk, vv = (x.detach().to(dtype).requires_grad_() for x in (q, k, v))
         ws = [w.detach().to(dtype).requires_grad_() for w in weights]
-        terms = [Toeplitz(w) if kind == "table"
-                 else QueryRelative(kk if kind == "k" else qq, w, win, 0.3, key_side=kind == "k")
-                 for (kind, win, _), w in zip(specs, ws)]
+        terms = case_terms(specs, ws, qq, kk)
         if path == "reference":
             out = reference.attend(qq, kk, vv, terms, keep, causal)
         else:
@@ -219,6 +246,20 @@ def test_default_plans_with_the_kernels():
     table = torch.zeros(2, 511, requires_grad=True)
     assert plan(q, [Toeplitz(table)], False, keep=torch.ones(1, 256, dtype=torch.bool)) == "fused"
     assert plan(q, [Toeplitz(table)], False) == "flash_bias"
+
+
+def test_default_plans_for_narrow_low_rank_terms():
+    """Narrow u·vᵀ terms alone (segment, causal ALiBi): fused in a decoder and at inference, a
+    q/k fold into SDPA for an encoder's training step and beyond dense_max_n."""
+    q = torch.zeros(1, 2, 128, 64, requires_grad=True)
+    low = [LowRank(torch.zeros(1, 2, 128, 2, requires_grad=True), torch.zeros(1, 1, 128, 2))]
+    assert plan(q, low, True) == "fused"
+    assert plan(q, low, False) == "sdpa"
+    with torch.no_grad():
+        assert plan(q, low, False) == "fused"
+        assert plan(q, low, False, policy=Policy(native=False)) == "sdpa"
+        assert plan(q, low, False, policy=Policy(dense_max_n=64)) == "sdpa"
+    assert plan(q.to("meta"), low, True) == "sdpa"  # CPU kernels: never for another device
 
 
 @pytest.mark.parametrize("k", [1, 2, 3, 9, 31])

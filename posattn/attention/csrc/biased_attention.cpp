@@ -3,18 +3,21 @@
 //   a Toeplitz table      B_ij = T[j − i]                           (table [H|1, 2n − 1])
 //   a query-side band     B_ij = Q_i[clip(j − i, −w, w) + w]        (qband [B, H, n, 2w + 1])
 //   a key-side band       B_ij = K_j[clip(i − j, −v, v) + v]        (kband [B, H, n, 2v + 1])
+//   a low-rank product    B_ij = Σ_r U_ir V_jr                      (lowrank [2, B, H, n, r]: U, V)
 // and hides padding keys (keep [B, n]: key j of row b is seen where keep[b, j], and each query
 // always sees itself, as posattn.attention.masking.allowed_mask defines it).
 // (learned tables: T5, TISA, DIET-REL, fixed convolutions; clipped relative terms q·W[·] and
-// k·W[·]: dynamic / composite / key-dynamic convolutions, Shaw et al.).
+// k·W[·]: dynamic / composite / key-dynamic convolutions, Shaw et al.; low-rank: segment
+// embeddings, causal ALiBi, DIET-ABS / TUPE's P_Q P_Kᵀ).
 //
 // PyTorch's fused CPU kernels take a bias only as a materialised [b, h, n, n] tensor and never
 // return its gradient. Here, per (batch, head) and block of query rows, S = q kᵀ (one GEMM) gets
-// the bias added row by row from the small inputs while the block is in cache; the backward
+// the bias added row by row from the small inputs while the block is in cache (a low-rank
+// product as one more GEMM into the block, S += U Vᵀ, instead of widening q and k); the backward
 // recomputes it, forms dS = P ∘ (dP − D) (dP = dO vᵀ, one GEMM; D_i = Σ dO_i·O_i) and reduces dS
 // into the inputs' gradients in the same pass (table: anti-diagonal sums over the batch; bands:
-// the window, plus the row / column sums of the clipped tails), then dq = dS k, dk += dSᵀ q,
-// dv += Pᵀ dO (three GEMMs). No n×n tensor is ever in memory.
+// the window, plus the row / column sums of the clipped tails; dU = dS V, dV += dSᵀ U), then
+// dq = dS k, dk += dSᵀ q, dv += Pᵀ dO (three GEMMs). No n×n tensor is ever in memory.
 #include "kernels.h"
 
 #include <algorithm>
@@ -118,10 +121,11 @@ Tensor head(const Tensor& x, int64_t bh, int64_t H) { return x.select(0, bh / H)
 struct Inputs {
   int64_t B, H, n, Ht = 0;
   Tensor table, qband, kband, hide;  // undefined when absent; kband transposed to [B·H, 2wk + 1, n]
+  Tensor u, v;                       // the low-rank factors [B·H, n, r], undefined when absent
   int64_t wq = 0, wk = 0;
 
   Inputs(const Tensor& q, const std::optional<Tensor>& t, const std::optional<Tensor>& qb,
-         const std::optional<Tensor>& kb, const std::optional<Tensor>& keep)
+         const std::optional<Tensor>& kb, const std::optional<Tensor>& lr, const std::optional<Tensor>& keep)
       : B(q.size(0)), H(q.size(1)), n(q.size(2)) {
     if (keep) {
       TORCH_CHECK(keep->scalar_type() == at::kBool && keep->dim() == 2 && keep->size(0) == B && keep->size(1) == n,
@@ -148,6 +152,19 @@ struct Inputs {
       wk = kb->size(3) / 2;
       kband = kb->detach().reshape({B * H, n, 2 * wk + 1}).transpose(1, 2).contiguous();
     }
+    if (lr) {
+      check(*lr, "lowrank", 5);
+      TORCH_CHECK(lr->size(0) == 2 && lr->size(1) == B && lr->size(2) == H && lr->size(3) == n,
+                  "lowrank must be [2, B, H, n, r]");
+      const Tensor f = plain(*lr).view({2, B * H, n, lr->size(4)});
+      u = f[0];
+      v = f[1];
+    }
+  }
+
+  // S[c, m] += U[i0 : i0 + c] V[0 : m]ᵀ for (batch, head) bh: the low-rank part of the bias.
+  void add_low_rank(Tensor& s, int64_t bh, int64_t i0, int64_t c, int64_t m) const {
+    if (u.defined()) s.addmm_(u[bh].narrow(0, i0, c), v[bh].narrow(0, 0, m).t());
   }
 
   Bias at(int64_t bh) const {
@@ -167,12 +184,13 @@ struct Inputs {
 // Returns out [B, H, n, e] and the log-sum-exp of each row [B, H, n].
 std::vector<Tensor> biased_forward(Tensor q, Tensor k, Tensor v, std::optional<Tensor> table,
                                    std::optional<Tensor> qband, std::optional<Tensor> kband,
-                                   std::optional<Tensor> keep, bool causal, int64_t block) {
+                                   std::optional<Tensor> lowrank, std::optional<Tensor> keep, bool causal,
+                                   int64_t block) {
   check(q, "q", 4); check(k, "k", 4); check(v, "v", 4);
   TORCH_CHECK(k.sizes() == q.sizes() && v.size(0) == q.size(0) && v.size(1) == q.size(1) && v.size(2) == q.size(2),
               "q, k, v shapes disagree");
   TORCH_CHECK(block > 0, "block must be positive");
-  const Inputs in(q, table, qband, kband, keep);
+  const Inputs in(q, table, qband, kband, lowrank, keep);
   const int64_t B = in.B, H = in.H, n = in.n, e = v.size(3), BH = B * H;
   block = std::min(block, n);
   q = q.detach(); k = k.detach(); v = v.detach();
@@ -189,6 +207,7 @@ std::vector<Tensor> biased_forward(Tensor q, Tensor k, Tensor v, std::optional<T
         const int64_t c = std::min(block, n - i0), m = causal ? i0 + c : n;
         Tensor s = s_buf.narrow(0, 0, c * m).view({c, m});
         at::mm_out(s, qh.narrow(0, i0, c), kh.narrow(0, 0, m).t());
+        in.add_low_rank(s, bh, i0, c, m);
         float* sp = s.data_ptr<float>();
         for (int64_t r = 0; r < c; ++r) {
           const int64_t i = i0 + r, seen = causal ? i + 1 : m;
@@ -225,18 +244,18 @@ std::vector<Tensor> biased_forward(Tensor q, Tensor k, Tensor v, std::optional<T
 }
 
 // Gradients of biased_forward given its out and lse and the output's gradient dout:
-// dq, dk, dv, then the table's (summed over the batch), qband's and kband's, each undefined
-// (None) when that input is absent.
+// dq, dk, dv, then the table's (summed over the batch), qband's, kband's and lowrank's, each
+// undefined (None) when that input is absent.
 std::vector<Tensor> biased_backward(Tensor q, Tensor k, Tensor v, std::optional<Tensor> table,
                                     std::optional<Tensor> qband, std::optional<Tensor> kband,
-                                    std::optional<Tensor> keep, Tensor out, Tensor lse, Tensor dout, bool causal,
-                                    int64_t block) {
+                                    std::optional<Tensor> lowrank, std::optional<Tensor> keep, Tensor out,
+                                    Tensor lse, Tensor dout, bool causal, int64_t block) {
   check(q, "q", 4); check(k, "k", 4); check(v, "v", 4);
   check(out, "out", 4); check(lse, "lse", 3); check(dout, "dout", 4);
   TORCH_CHECK(k.sizes() == q.sizes() && v.size(2) == q.size(2) && out.sizes() == v.sizes() &&
               dout.sizes() == v.sizes(), "q, k, v, out, dout shapes disagree");
   TORCH_CHECK(block > 0, "block must be positive");
-  const Inputs in(q, table, qband, kband, keep);
+  const Inputs in(q, table, qband, kband, lowrank, keep);
   const int64_t B = in.B, H = in.H, n = in.n, d = q.size(3), e = v.size(3), BH = B * H, L = 2 * n - 1;
   block = std::min(block, n);
   q = q.detach(); k = k.detach(); v = v.detach();
@@ -249,6 +268,7 @@ std::vector<Tensor> biased_backward(Tensor q, Tensor k, Tensor v, std::optional<
   Tensor gtable = in.table.defined() ? at::zeros({threads, in.Ht, L}, q.options()) : Tensor();
   Tensor gq = in.qband.defined() ? at::zeros_like(in.qband) : Tensor();
   Tensor gk = in.kband.defined() ? at::zeros_like(in.kband) : Tensor();
+  Tensor glow = in.u.defined() ? at::zeros({2, BH, n, in.u.size(2)}, q.options()) : Tensor();  // dU, dV
   const float* Dp = D.data_ptr<float>();
   const float* lp = lse2.data_ptr<float>();
 
@@ -269,6 +289,7 @@ std::vector<Tensor> biased_backward(Tensor q, Tensor k, Tensor v, std::optional<
         Tensor s = s_buf.narrow(0, 0, c * m).view({c, m}), dp = dp_buf.narrow(0, 0, c * m).view({c, m});
         Tensor qc = qh.narrow(0, i0, c), doc = doh.narrow(0, i0, c);
         at::mm_out(s, qc, kh.narrow(0, 0, m).t());
+        in.add_low_rank(s, bh, i0, c, m);
         at::mm_out(dp, doc, vh.narrow(0, 0, m).t());
         float* sp = s.data_ptr<float>();
         float* dpp = dp.data_ptr<float>();
@@ -292,6 +313,11 @@ std::vector<Tensor> biased_backward(Tensor q, Tensor k, Tensor v, std::optional<
           std::fill(srow + seen, srow + m, 0.f);
           std::fill(drow + seen, drow + m, 0.f);
         }
+        if (glow.defined()) {  // dU = dS V, dV += dSᵀ U
+          Tensor du = glow[0][bh].narrow(0, i0, c);
+          at::mm_out(du, dp, in.v[bh].narrow(0, 0, m));
+          glow[1][bh].narrow(0, 0, m).addmm_(dp.t(), in.u[bh].narrow(0, i0, c));
+        }
         Tensor dqc = dqh.narrow(0, i0, c);
         at::mm_out(dqc, dp, kh.narrow(0, 0, m));
         dkh.narrow(0, 0, m).addmm_(dp.t(), qc);
@@ -302,5 +328,6 @@ std::vector<Tensor> biased_backward(Tensor q, Tensor k, Tensor v, std::optional<
   Tensor dtable = gtable.defined() ? gtable.sum(0) : Tensor();
   Tensor dqband = gq.defined() ? gq.view({B, H, n, 2 * in.wq + 1}) : Tensor();
   Tensor dkband = gk.defined() ? gk.transpose(1, 2).reshape({B, H, n, 2 * in.wk + 1}) : Tensor();
-  return {dq.view(q.sizes()), dk.view(k.sizes()), dv.view(v.sizes()), dtable, dqband, dkband};
+  Tensor dlow = glow.defined() ? glow.view({2, B, H, n, in.u.size(2)}) : Tensor();
+  return {dq.view(q.sizes()), dk.view(k.sizes()), dv.view(v.sizes()), dtable, dqband, dkband, dlow};
 }
