@@ -48,6 +48,15 @@ inline float sum(const float* x, int64_t m) {
   return out;
 }
 
+inline float max_of(const float* x, int64_t m) {
+  Vec acc(-std::numeric_limits<float>::infinity());
+  int64_t j = 0;
+  for (; j + Vec::size() <= m; j += Vec::size()) acc = at::vec::maximum(acc, Vec::loadu(x + j));
+  float out = at::vec::vec_reduce_all<float>([](Vec& a, Vec& b) { return at::vec::maximum(a, b); }, acc);
+  for (; j < m; ++j) out = std::max(out, x[j]);
+  return out;
+}
+
 // The bias inputs of one (batch, head); a null pointer is an absent term.
 struct Bias {
   int64_t n = 0;
@@ -213,7 +222,7 @@ std::vector<Tensor> biased_forward(Tensor q, Tensor k, Tensor v, std::optional<T
           const int64_t i = i0 + r, seen = causal ? i + 1 : m;
           float* row = sp + r * m;
           add_bias(row, i, seen, bias);
-          const float mx = *std::max_element(row, row + seen);
+          const float mx = max_of(row, seen);
           const Vec vmx(mx);
           Vec acc(0.f);
           int64_t j = 0;
