@@ -130,7 +130,7 @@ Tensor head(const Tensor& x, int64_t bh, int64_t H) { return x.select(0, bh / H)
 struct Inputs {
   int64_t B, H, n, Ht = 0;
   Tensor table, qband, kband, hide;  // undefined when absent; kband transposed to [B·H, 2wk + 1, n]
-  Tensor u, v;                       // the low-rank factors [B·H, n, r], undefined when absent
+  Tensor low_u, low_v;               // the low-rank factors [B·H, n, r], undefined when absent
   int64_t wq = 0, wk = 0;
 
   Inputs(const Tensor& q, const std::optional<Tensor>& t, const std::optional<Tensor>& qb,
@@ -166,14 +166,14 @@ struct Inputs {
       TORCH_CHECK(lr->size(0) == 2 && lr->size(1) == B && lr->size(2) == H && lr->size(3) == n,
                   "lowrank must be [2, B, H, n, r]");
       const Tensor f = plain(*lr).view({2, B * H, n, lr->size(4)});
-      u = f[0];
-      v = f[1];
+      low_u = f[0];
+      low_v = f[1];
     }
   }
 
   // S[c, m] += U[i0 : i0 + c] V[0 : m]ᵀ for (batch, head) bh: the low-rank part of the bias.
   void add_low_rank(Tensor& s, int64_t bh, int64_t i0, int64_t c, int64_t m) const {
-    if (u.defined()) s.addmm_(u[bh].narrow(0, i0, c), v[bh].narrow(0, 0, m).t());
+    if (low_u.defined()) s.addmm_(low_u[bh].narrow(0, i0, c), low_v[bh].narrow(0, 0, m).t());
   }
 
   Bias at(int64_t bh) const {
@@ -277,7 +277,7 @@ std::vector<Tensor> biased_backward(Tensor q, Tensor k, Tensor v, std::optional<
   Tensor gtable = in.table.defined() ? at::zeros({threads, in.Ht, L}, q.options()) : Tensor();
   Tensor gq = in.qband.defined() ? at::zeros_like(in.qband) : Tensor();
   Tensor gk = in.kband.defined() ? at::zeros_like(in.kband) : Tensor();
-  Tensor glow = in.u.defined() ? at::zeros({2, BH, n, in.u.size(2)}, q.options()) : Tensor();  // dU, dV
+  Tensor glow = in.low_u.defined() ? at::zeros({2, BH, n, in.low_u.size(2)}, q.options()) : Tensor();  // dU, dV
   const float* Dp = D.data_ptr<float>();
   const float* lp = lse2.data_ptr<float>();
 
@@ -324,8 +324,8 @@ std::vector<Tensor> biased_backward(Tensor q, Tensor k, Tensor v, std::optional<
         }
         if (glow.defined()) {  // dU = dS V, dV += dSᵀ U
           Tensor du = glow[0][bh].narrow(0, i0, c);
-          at::mm_out(du, dp, in.v[bh].narrow(0, 0, m));
-          glow[1][bh].narrow(0, 0, m).addmm_(dp.t(), in.u[bh].narrow(0, i0, c));
+          at::mm_out(du, dp, in.low_v[bh].narrow(0, 0, m));
+          glow[1][bh].narrow(0, 0, m).addmm_(dp.t(), in.low_u[bh].narrow(0, i0, c));
         }
         Tensor dqc = dqh.narrow(0, i0, c);
         at::mm_out(dqc, dp, kh.narrow(0, 0, m));
@@ -337,6 +337,6 @@ std::vector<Tensor> biased_backward(Tensor q, Tensor k, Tensor v, std::optional<
   Tensor dtable = gtable.defined() ? gtable.sum(0) : Tensor();
   Tensor dqband = gq.defined() ? gq.view({B, H, n, 2 * in.wq + 1}) : Tensor();
   Tensor dkband = gk.defined() ? gk.transpose(1, 2).reshape({B, H, n, 2 * in.wk + 1}) : Tensor();
-  Tensor dlow = glow.defined() ? glow.view({2, B, H, n, in.u.size(2)}) : Tensor();
+  Tensor dlow = glow.defined() ? glow.view({2, B, H, n, in.low_u.size(2)}) : Tensor();
   return {dq.view(q.sizes()), dk.view(k.sizes()), dv.view(v.sizes()), dtable, dqband, dkband, dlow};
 }
