@@ -19,6 +19,7 @@ and TISA's Table-3a claims (:data:`CLAIMS`) judged by :mod:`posattn.claims`; ``s
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import multiprocessing
@@ -207,20 +208,18 @@ def run(model: str = "minilm", tasks: list[str] | None = None, seeds: int = 5, m
     name = folder.name if model not in ("minilm", "mpnet") else model
     cells = [json.loads(j.path.read_text()) for j in jobs if j.path.exists()]
     todo = [j for j in jobs if not j.path.exists()]
-    bar = tqdm(total=len(jobs), initial=len(cells), desc="table3")
-    if workers <= 1 or len(todo) <= 1:
-        finished = map(run_cell, todo)
-    else:
-        threads = max(1, torch.get_num_threads() // workers)
-        pool = multiprocessing.get_context("spawn").Pool(workers)
-        finished = pool.imap_unordered(_run_in_worker, [(j, threads) for j in todo])
-    for cell in finished:
-        cells.append(cell)
-        bar.update(1)
-        write(out, cells, tasks, name, str(folder), protocol)  # after every cell: partial results stay
-    bar.close()
-    if workers > 1 and len(todo) > 1:
-        pool.close()
+    with contextlib.ExitStack() as stack:  # the pool, where there is one, ends with the loop, also on an error
+        if workers <= 1 or len(todo) <= 1:
+            finished = map(run_cell, todo)
+        else:
+            threads = max(1, torch.get_num_threads() // workers)
+            pool = stack.enter_context(multiprocessing.get_context("spawn").Pool(workers))
+            finished = pool.imap_unordered(_run_in_worker, [(j, threads) for j in todo])
+        bar = stack.enter_context(tqdm(total=len(jobs), initial=len(cells), desc="table3"))
+        for cell in finished:
+            cells.append(cell)
+            bar.update(1)
+            write(out, cells, tasks, name, str(folder), protocol)  # after every cell: partial results stay
     return write(out, cells, tasks, name, str(folder), protocol, plots=True)
 
 
