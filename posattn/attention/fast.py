@@ -18,7 +18,8 @@ the term structures, the device and the length, never from a mechanism's name:
   and batch.
 - ``banded`` (CPU): every term is constant outside a window ±w, 2w+1 ≤ ``band_fraction``·n
   (clipped tables, query/key-relative terms): :mod:`.banded`, linear memory. Chosen for
-  query/key-relative terms, and for clipped tables that need a gradient at n ≥ ``band_min_n``.
+  query/key-relative terms where ``fused`` is not (beyond ``fused_max_n``, or without the
+  kernels), and for clipped tables that need a gradient at n ≥ ``band_min_n``.
 - ``flash_bias`` (CPU): everything else at n > ``dense_max_n`` (full Toeplitz tables, dense
   terms; and tables at inference, where its forward is the fused kernel with a bias *view*), and
   tables that need a gradient from ``dense_grad_max_n`` on (at n = 512 its chunked backward costs
@@ -26,18 +27,19 @@ the term structures, the device and the length, never from a mechanism's name:
   ``fused_grad_max_n`` on where that backward is one fused C++ kernel (:mod:`.native`: tables
   alone, no padding, float32; then it costs no more than SDPA's own fused backward):
   :mod:`.flash_bias`, linear memory beyond the terms themselves.
-- ``fused`` (CPU, float32): query/key-relative terms (with or without tables) at n ≤
-  ``dense_max_n``, where the dense bias would be gathered per batch row and SDPA would run its
-  math path; narrow low-rank terms alone at n ≤ ``dense_max_n`` in a decoder (causal ALiBi,
-  where SDPA's CPU kernel gains little from the mask and ours skips the masked half) and at
-  inference (segment embeddings; no q/k/v widened from 64 to 72 for a rank of 1 or 2); learned
-  tables with padding where flash-bias would take them: :mod:`.fused`, the
+- ``fused`` (CPU, float32), up to ``fused_max_n``: query/key-relative terms (with or without
+  tables), where the dense bias would be gathered per batch row and SDPA would run its math
+  path, and where the banded pieces cost 1.2–1.9× the kernel (n = 1024–2048; beyond 4096 banded
+  wins: it leaves most scores to SDPA's kernel); every fusable term set in a decoder from
+  ``causal_fused_min_n`` on, where whole blocks of masked keys are skipped (SDPA's CPU kernel
+  gains little from the mask); narrow low-rank terms alone in any decoder (causal ALiBi) and at
+  inference up to ``dense_max_n`` (segment embeddings; no q/k/v widened from 64 to 72 for a
+  rank of 1 or 2); learned tables with padding where flash-bias would take them: :mod:`.fused`, the
   C++ kernels of :mod:`.native` with the bias added from the terms' small inputs and their
   gradients reduced from dS in the same pass.
 - ``flex`` (CUDA): FlexAttention with the terms inside the kernel (:mod:`.flex`).
 
-The thresholds are CPU measurements (``posattn bench``; 2 threads, head dim 64): the fused
-kernel's causal blocks waste work below n ≈ 2048, which the banded pieces pay twice.
+The thresholds are CPU measurements (``posattn bench``; 2 threads, head dim 64).
 """
 from __future__ import annotations
 
@@ -79,6 +81,8 @@ class Policy:
     low_rank_dense_max_n: int = 256  # ... in training, up to this length
     use_flex: bool = True  # CUDA: FlexAttention when torch provides it
     native: bool = True  # CPU: the fused C++ kernels (:mod:`.native`) where they apply and build
+    fused_max_n: int = 4096  # up to here query/key-relative terms take those kernels at any n ...
+    causal_fused_min_n: int = 512  # ... and in a decoder any fusable terms from here on (2 blocks)
     force: Path | None = None  # tests and benchmarks: take this path whenever it applies
 
 
@@ -168,7 +172,7 @@ def plan(q: Tensor, terms: list[Term], causal: bool, dropout: float = 0.0, train
     if not rest:
         if low and _low_rank_as_bias(q, low, policy):
             return "dense"
-        pays = n <= policy.dense_max_n and (causal or not _needs_grad([q, *_term_tensors(low)]))
+        pays = causal or (n <= policy.dense_max_n and not _needs_grad([q, *_term_tensors(low)]))
         if low and (pays or policy.force == "fused") and _fusable(q, low, policy):
             return "fused"
         return "sdpa"
@@ -184,13 +188,16 @@ def plan(q: Tensor, terms: list[Term], causal: bool, dropout: float = 0.0, train
         return "banded"
     if policy.force == "fused" and _fusable(q, rest, policy):
         return "fused"
-    grads = _needs_grad(_term_tensors(rest))
     tables = _position_only(rest)
-    fused_tables = grads and tables and _fusable(q, rest, policy)  # asked only here: a first call builds them
+    skips_blocks = causal and n >= policy.causal_fused_min_n
+    if n <= policy.fused_max_n and (skips_blocks or not tables) and _fusable(q, rest, policy):
+        return "fused"
+    grads = _needs_grad(_term_tensors(rest))
+    fused_tables = grads and tables and _fusable(q, rest, policy)  # asked only when it decides: a first call builds them
     shortest = policy.fused_grad_max_n if fused_tables else policy.dense_grad_max_n
     learned_positions = grads and tables and n > shortest
     if n <= policy.dense_max_n and not learned_positions:
-        return "fused" if not tables and _fusable(q, rest, policy) else "dense"
+        return "dense"
     relative = any(isinstance(t, QueryRelative) for t in rest)
     if banded_ok and (relative or (grads and n >= policy.band_min_n)):
         return "banded"

@@ -200,13 +200,17 @@ def case_terms(specs: list[tuple[str, int, bool]], leaves: list[torch.Tensor], q
             for kind, size, _ in specs]
 
 
+@pytest.mark.parametrize("block", [None, 16], ids=["one-block", "3-blocks"])
 @pytest.mark.parametrize("pad", [False, True], ids=["nopad", "pad"])
 @pytest.mark.parametrize("causal", [False, True], ids=["enc", "dec"])
 @pytest.mark.parametrize("case", list(CASES))
-def test_fused_path_equals_the_reference(calls, case, causal, pad):
+def test_fused_path_equals_the_reference(calls, monkeypatch, case, causal, pad, block):
     """Forward and backward kernels (tables, clipped query/key-relative bands summed and
     widened, low-rank factors concatenated; padding keys hidden) against the float64 reference:
-    outputs and every gradient, including W's, u's and v's."""
+    outputs and every gradient, including W's, u's and v's; in one block of query rows, and in
+    three (a decoder's kernels skip the keys after each block, the last block is short)."""
+    if block is not None:
+        monkeypatch.setattr(native, "BLOCK", block)
     b, h, n, d = 2, 3, 37, 8
     q, k, v, table = inputs(b, h, h, n, d, seed=7)
     keep = keep_mask(b, n) if pad else None
@@ -234,26 +238,39 @@ def test_fused_path_equals_the_reference(calls, case, causal, pad):
 
 
 def test_default_plans_with_the_kernels():
-    """Query-relative terms at n ≤ dense_max_n (float32, with or without padding), and learned
-    tables with padding beyond fused_grad_max_n: fused."""
-    q = torch.zeros(1, 2, 64, 8, requires_grad=True)
+    """Query-relative terms up to fused_max_n (float32, with or without padding); in a decoder
+    from causal_fused_min_n on, tables too; learned tables with padding beyond fused_grad_max_n:
+    fused."""
     w = torch.zeros(9, 8, requires_grad=True)
-    keep = torch.ones(1, 64, dtype=torch.bool)
-    assert plan(q, [QueryRelative(q, w, 4, 1.0)], False) == "fused"
-    assert plan(q, [QueryRelative(q, w, 4, 1.0)], False, keep=keep) == "fused"
-    assert plan(q, [QueryRelative(q, w, 4, 1.0)], False, policy=Policy(native=False)) == "dense"
+    for n in (64, 1024):
+        q = torch.zeros(1, 2, n, 8, requires_grad=True)
+        keep = torch.ones(1, n, dtype=torch.bool)
+        assert plan(q, [QueryRelative(q, w, 4, 1.0)], False) == "fused"
+        assert plan(q, [QueryRelative(q, w, 4, 1.0)], False, keep=keep) == "fused"
+        assert plan(q, [QueryRelative(q, w, 4, 1.0)], False, policy=Policy(native=False)) != "fused"
+    assert plan(q, [QueryRelative(q, w, 4, 1.0)], True, policy=Policy(fused_max_n=512)) == "banded"
     q = torch.zeros(1, 2, 256, 8)
     table = torch.zeros(2, 511, requires_grad=True)
     assert plan(q, [Toeplitz(table)], False, keep=torch.ones(1, 256, dtype=torch.bool)) == "fused"
     assert plan(q, [Toeplitz(table)], False) == "flash_bias"
+    assert plan(q, [Toeplitz(table)], True) == "flash_bias"  # one block: nothing to skip
+    for n in (512, 2048):
+        q = torch.zeros(1, 2, n, 8)
+        table = torch.zeros(2, 2 * n - 1, requires_grad=True)
+        assert plan(q, [Toeplitz(table)], True) == "fused"
+        assert plan(q, [Toeplitz(table)], False) == "flash_bias"
+        with torch.no_grad():
+            assert plan(q, [Toeplitz(table)], True) == "fused"
+        assert plan(q, [Toeplitz(table)], True, policy=Policy(causal_fused_min_n=4096)) == "flash_bias"
 
 
 def test_default_plans_for_narrow_low_rank_terms():
     """Narrow u·vᵀ terms alone (segment, causal ALiBi): fused in a decoder and at inference, a
-    q/k fold into SDPA for an encoder's training step and beyond dense_max_n."""
+    q/k fold into SDPA for an encoder's training step and, in an encoder, beyond dense_max_n."""
     q = torch.zeros(1, 2, 128, 64, requires_grad=True)
     low = [LowRank(torch.zeros(1, 2, 128, 2, requires_grad=True), torch.zeros(1, 1, 128, 2))]
     assert plan(q, low, True) == "fused"
+    assert plan(q, low, True, policy=Policy(dense_max_n=64)) == "fused"  # a decoder at any length
     assert plan(q, low, False) == "sdpa"
     with torch.no_grad():
         assert plan(q, low, False) == "fused"
