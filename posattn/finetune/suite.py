@@ -8,18 +8,17 @@ Cells of an intermediate task (MNLI) run first and keep their model; the cells t
 """
 from __future__ import annotations
 
-import multiprocessing
 import time
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
-import torch
 import yaml
 from tqdm.auto import tqdm
 
 from ..claims import parse_claims
-from ..errors import PositionError, cell_failure
+from ..errors import PositionError
+from ..parallel import run_jobs
 from ..tasks import compare
 from ..tasks.compare import _write_json
 from .report import write_plots, write_report
@@ -257,13 +256,9 @@ def validate_config(raw: dict[str, Any]) -> Suite:
                  cells, frozenset(keep), store)
 
 
-def _run_in_worker(job: tuple[Cell, str, str, int, bool]) -> dict:
-    cell, store, device, threads, keep = job
-    torch.set_num_threads(threads)
-    try:
-        return run_cell(cell, Path(store), device, progress=False, keep_model=keep)
-    except Exception:
-        raise cell_failure(f"cell {cell.id} ({cell.label}, {cell.task}, seed {cell.seed})") from None
+def _cell_job(job: tuple[Cell, str, str, bool, bool], in_worker: bool) -> dict:
+    cell, store, device, keep, progress = job
+    return run_cell(cell, Path(store), device, progress and not in_worker, keep_model=keep)
 
 
 def run_suite(suite: Suite, out: str | Path, workers: int = 1, device: str = "auto", threads: int | None = None,
@@ -276,22 +271,15 @@ def run_suite(suite: Suite, out: str | Path, workers: int = 1, device: str = "au
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.yaml").write_text(yaml.safe_dump(suite.config, sort_keys=False))
     store = Path(suite.cell_store) if suite.cell_store else out / "cells"
-    if threads is not None:
-        torch.set_num_threads(threads)
     waves = [[c for c in suite.cells if c.init_from is None], [c for c in suite.cells if c.init_from is not None]]
     results: list[dict] = []
     bar = tqdm(total=len(suite.cells), desc="cells", disable=not progress, dynamic_ncols=True)
-    for wave in waves:
-        if workers <= 1 or len(wave) <= 1:
-            for cell in wave:
-                results.append(run_cell(cell, store, device, progress, keep_model=cell.id in suite.keep))
-                bar.update(1)
-            continue
-        jobs = [(c, str(store), device, threads or 1, c.id in suite.keep) for c in wave]
-        with multiprocessing.get_context("spawn").Pool(workers) as pool:
-            for r in pool.imap(_run_in_worker, jobs):
-                results.append(r)
-                bar.update(1)
+    for wave in waves:  # intermediate tasks first: their checkpoints start the second wave's cells
+        jobs = [(c, str(store), device, c.id in suite.keep, progress) for c in wave]
+        labels = [f"cell {c.id} ({c.label}, {c.task}, seed {c.seed})" for c in wave]
+        for r in run_jobs(_cell_job, jobs, labels, workers, threads):
+            results.append(r)
+            bar.update(1)
     bar.close()
     summary = {"name": suite.name, "config": suite.config, "wall_seconds": round(time.perf_counter() - start, 1),
                "cell_seconds": round(sum(r["train_seconds"] for r in results), 1),

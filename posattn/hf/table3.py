@@ -19,10 +19,8 @@ and TISA's Table-3a claims (:data:`CLAIMS`) judged by :mod:`posattn.claims`; ``s
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import math
-import multiprocessing
 import statistics
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -41,6 +39,7 @@ from ..finetune.report import plot_scores, seed_values, suite_scores
 from ..finetune.run import FinetuneConfig, baseline, encoded, finetune, score
 from ..finetune.tasks import OFFLINE_SUITE, TASKS
 from ..markdown import table as md_table
+from ..parallel import run_jobs
 from .retrofit import add_mechanisms, fit_kernels
 
 VARIANTS: dict[str, tuple[str, int] | None] = {
@@ -184,9 +183,8 @@ def run_cell(job: Job) -> dict[str, Any]:
     return cell
 
 
-def _run_in_worker(args: tuple[Job, int]) -> dict[str, Any]:
-    job, threads = args
-    torch.set_num_threads(threads)
+def _cell_job(job: Job, in_worker: bool) -> dict[str, Any]:
+    """:func:`run_cell` for :func:`~posattn.parallel.run_jobs` (no progress bars either way)."""
     return run_cell(job)
 
 
@@ -208,15 +206,9 @@ def run(model: str = "minilm", tasks: list[str] | None = None, seeds: int = 5, m
     name = folder.name if model not in ("minilm", "mpnet") else model
     cells = [json.loads(j.path.read_text()) for j in jobs if j.path.exists()]
     todo = [j for j in jobs if not j.path.exists()]
-    with contextlib.ExitStack() as stack:  # the pool, where there is one, ends with the loop, also on an error
-        if workers <= 1 or len(todo) <= 1:
-            finished = map(run_cell, todo)
-        else:
-            threads = max(1, torch.get_num_threads() // workers)
-            pool = stack.enter_context(multiprocessing.get_context("spawn").Pool(workers))
-            finished = pool.imap_unordered(_run_in_worker, [(j, threads) for j in todo])
-        bar = stack.enter_context(tqdm(total=len(jobs), initial=len(cells), desc="table3"))
-        for cell in finished:
+    labels = [f"cell {j.variant} × {j.task}, seed {j.seed}" for j in todo]
+    with tqdm(total=len(jobs), initial=len(cells), desc="table3") as bar:
+        for cell in run_jobs(_cell_job, todo, labels, workers, ordered=False):
             cells.append(cell)
             bar.update(1)
             write(out, cells, tasks, name, str(folder), protocol)  # after every cell: partial results stay

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import multiprocessing
 import os
 import statistics
 import textwrap
@@ -27,9 +26,10 @@ import yaml
 from tqdm.auto import tqdm
 
 from posattn.claims import parse_claims
-from posattn.errors import PositionError, cell_failure
+from posattn.errors import PositionError
 from posattn.mechanisms import registry
 from posattn.models import build_model, load, save
+from posattn.parallel import run_jobs
 from posattn.tasks.generators import TASK_PARAMS, TASKS, TaskError, drop_overlap, generate
 from posattn.tasks.report import write_plots, write_report
 from posattn.tasks.train import CHECKPOINT, TrainConfig, evaluate, resolve_device, train
@@ -453,35 +453,26 @@ def run_cell(cell: Cell, test_lengths: list[int], out: Path, device: str = "auto
     return result
 
 
-def _run_cell_in_worker(job: tuple[Cell, list[int], str, str, int]) -> dict:
-    cell, lengths, out, device, threads = job
-    torch.set_num_threads(threads)
-    try:
-        return run_cell(cell, lengths, Path(out), device, progress=False)
-    except Exception:
-        raise cell_failure(f"cell {cell.id} ({cell.label})") from None
+def _cell_job(job: tuple[Cell, list[int], str, str, bool], in_worker: bool) -> dict:
+    cell, lengths, out, device, progress = job
+    return run_cell(cell, lengths, Path(out), device, progress and not in_worker)
 
 
 def run_sweep(sweep: Sweep, out: str | Path, workers: int = 1, device: str = "auto", threads: int | None = None,
               progress: bool = True) -> list[dict]:
     """Run every cell not yet finished, then write results.json, report.md and the plots into ``out``.
 
-    ``threads``: torch intra-op threads per worker (``None``: leave torch's setting alone).
+    ``workers`` > 1: cells in that many processes (:func:`posattn.parallel.run_jobs`);
+    ``threads``: torch intra-op threads per worker (``None``: alone, torch's setting; with
+    workers, an equal share of it).
     """
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.yaml").write_text(yaml.safe_dump(sweep.config, sort_keys=False))
-    jobs = [(cell, sweep.test_lengths[cell.train_length]) for cell in sweep.cells]
-    if workers <= 1:
-        if threads is not None:
-            torch.set_num_threads(threads)
-        results = [run_cell(cell, lengths, out, device, progress)
-                   for cell, lengths in tqdm(jobs, desc="cells", disable=not progress, dynamic_ncols=True)]
-    else:
-        args = [(cell, lengths, str(out), device, threads or torch.get_num_threads()) for cell, lengths in jobs]
-        with multiprocessing.get_context("spawn").Pool(workers) as pool:
-            results = list(tqdm(pool.imap(_run_cell_in_worker, args), total=len(args), desc="cells",
-                                disable=not progress, dynamic_ncols=True))
+    jobs = [(cell, sweep.test_lengths[cell.train_length], str(out), device, progress) for cell in sweep.cells]
+    labels = [f"cell {cell.id} ({cell.label})" for cell in sweep.cells]
+    results = list(tqdm(run_jobs(_cell_job, jobs, labels, workers, threads), total=len(jobs), desc="cells",
+                        disable=not progress, dynamic_ncols=True))
     _select(results)
     _write_json(out / "results.json", {"name": sweep.name, "config": sweep.config, "cells": results})
     write_report(sweep, results, out)

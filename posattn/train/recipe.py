@@ -5,16 +5,20 @@ Each run lives in ``<out>/<label>/`` and resumes or is skipped like a single ``p
 from __future__ import annotations
 
 import json
-import multiprocessing
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
 from tqdm.auto import tqdm
 
+from ..parallel import run_jobs
 from .config import PretrainConfig
 from .plots import plot_recipe
 from .pretrain import METRICS, pretrain
+
+
+def _run_job(job: tuple[PretrainConfig, Path, str, bool], in_worker: bool) -> dict[str, Any]:
+    cfg, out, device, progress = job
+    return pretrain(cfg, out, device=device, progress=progress and not in_worker)
 
 
 def run_recipe(name: str, runs: list[tuple[str, PretrainConfig]], out: str | Path, *, device: str = "auto",
@@ -26,12 +30,9 @@ def run_recipe(name: str, runs: list[tuple[str, PretrainConfig]], out: str | Pat
     out = Path(out)
     if len(runs) == 1 and runs[0][0] == name:
         return [pretrain(runs[0][1], out, device=device, progress=progress)]
-    if workers > 1:
-        with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
-            futures = [pool.submit(pretrain, cfg, out / label, device=device, progress=False) for label, cfg in runs]
-            done = [f.result() for f in tqdm(futures, desc=f"recipe {name}", disable=not progress)]
-    else:
-        done = [pretrain(cfg, out / label, device=device, progress=progress) for label, cfg in runs]
+    jobs = [(cfg, out / label, device, progress) for label, cfg in runs]
+    done = list(tqdm(run_jobs(_run_job, jobs, [f"run {label}" for label, _ in runs], workers),
+                     total=len(jobs), desc=f"recipe {name}", disable=not progress or workers <= 1))
     results = [{"label": label, **r} for (label, _), r in zip(runs, done)]
     write_summary(name, results, out)
     return results

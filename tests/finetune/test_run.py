@@ -118,31 +118,3 @@ def test_regression_head_for_stsb(tmp_path):
     data = encode_examples(tokenizer(), GLUE["stsb"], [Example(s, s, float(i % 5)) for i, s in enumerate(SENTENCES)], 64)
     out = finetune(model, GLUE["stsb"], data, data, FinetuneConfig(lr=1e-3, epochs=2, batch_size=4), progress=False)
     assert set(score(model, GLUE["stsb"], data, 4)) == {"pearson", "spearman", "score"} and out["steps"] == 5   # ceil(2 epochs · 10 / 4)
-
-
-def test_a_failed_worker_cell_reaches_the_parent_readably(monkeypatch):
-    """An exception that cannot be pickled (compiler errors hold modules) would reach the parent as
-    'cannot pickle module'; the worker re-raises it as a CellError carrying the traceback text."""
-    import pickle
-    import types
-
-    from posattn.errors import CellError
-    from posattn.finetune import suite
-    from posattn.finetune.run import Cell
-
-    class Unpicklable(Exception):
-        def __init__(self) -> None:
-            super().__init__("the compiler gave up")
-            self.module = types.ModuleType("held")
-
-    def fail(*args, **kwargs):
-        raise Unpicklable()
-
-    monkeypatch.setattr(suite, "run_cell", fail)
-    cell = Cell("fixed_conv", "ckpt", "f" * 16, "trec6", 3, {}, None, None, 128, None)
-    with pytest.raises((TypeError, AttributeError, pickle.PicklingError)):
-        pickle.dumps(Unpicklable())
-    with pytest.raises(CellError) as caught:
-        suite._run_in_worker((cell, "out", "cpu", 1, False))
-    message = str(pickle.loads(pickle.dumps(caught.value)))
-    assert "fixed_conv, trec6, seed 3" in message and "the compiler gave up" in message

@@ -114,3 +114,18 @@ def test_background_data_workers_change_nothing(corpus, tmp_path):
     pretrain(parse(tiny(corpus, data_workers=2)), tmp_path / "w2", progress=False)
     a, b = read_weights(tmp_path / "w0"), read_weights(tmp_path / "w2")
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_a_recipe_in_two_worker_processes_equals_one_run_after_another(corpus, tmp_path):
+    """``posattn pretrain RECIPE --workers 2``: the same weights and summary as the serial run."""
+    from posattn.train.recipe import run_recipe
+
+    runs = [("abs", parse(tiny(corpus))), ("rope", parse(tiny(corpus, mechanisms=["rope"])))]
+    serial = run_recipe("r", runs, tmp_path / "serial", progress=False)
+    both = run_recipe("r", runs, tmp_path / "both", progress=False, workers=2)
+    assert [r["label"] for r in both] == ["abs", "rope"]
+    assert [r["valid_loss"] for r in both] == [r["valid_loss"] for r in serial]
+    for label, _ in runs:
+        a, b = read_weights(tmp_path / "serial" / label), read_weights(tmp_path / "both" / label)
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert (tmp_path / "both" / "report.md").exists()

@@ -1,0 +1,55 @@
+"""Independent jobs (sweep cells, pretraining runs) in this process or in spawned worker processes.
+
+Every sweep command (``posattn compare``, ``finetune``, ``pretrain RECIPE``, the Table 3 script)
+runs its jobs through :func:`run_jobs`, so they share one rule for threads and for errors: a
+worker gets an equal share of this process's torch threads unless told otherwise, and an
+exception in a worker reaches the caller as a :class:`~posattn.errors.CellError` that names the
+job and carries the worker's traceback as text (some exceptions, such as a compiler error
+holding a module, cannot be pickled back at all).
+"""
+from __future__ import annotations
+
+import multiprocessing
+from typing import Callable, Iterator, Sequence, TypeVar
+
+import torch
+
+from .errors import cell_failure
+
+J = TypeVar("J")
+R = TypeVar("R")
+
+
+def _in_worker(args: tuple[Callable[[J, bool], R], J, str, int]) -> R:
+    fn, job, label, threads = args
+    torch.set_num_threads(threads)
+    try:
+        return fn(job, True)
+    except Exception:
+        raise cell_failure(label) from None
+
+
+def run_jobs(fn: Callable[[J, bool], R], jobs: Sequence[J], labels: Sequence[str], workers: int = 1,
+             threads: int | None = None, ordered: bool = True) -> Iterator[R]:
+    """``fn(job, in_worker)`` for every job; results in job order, or as they finish when not
+    ``ordered``.
+
+    ``workers`` ≤ 1, or a single job: here, one after another (with ``threads`` torch threads
+    when given), and ``in_worker`` is False (progress bars may show). Otherwise ``workers``
+    spawned processes with ``threads`` torch threads each (default: an equal share of this
+    process's); ``fn`` must then be a module-level function and the jobs picklable. A failed
+    job raises :class:`~posattn.errors.CellError` naming ``labels[i]``; the pool ends with the
+    iteration, also on an error.
+    """
+    if len(labels) != len(jobs):
+        raise ValueError(f"run_jobs: {len(jobs)} jobs but {len(labels)} labels")
+    if workers <= 1 or len(jobs) <= 1:
+        if threads is not None:
+            torch.set_num_threads(threads)
+        for job in jobs:
+            yield fn(job, False)
+        return
+    share = threads or max(1, torch.get_num_threads() // workers)
+    with multiprocessing.get_context("spawn").Pool(workers) as pool:
+        run = pool.imap if ordered else pool.imap_unordered
+        yield from run(_in_worker, [(fn, job, label, share) for job, label in zip(jobs, labels)])

@@ -1,0 +1,55 @@
+"""posattn.parallel.run_jobs: one rule for every sweep command's worker processes."""
+import pickle
+import types
+
+import pytest
+import torch
+
+from posattn import parallel
+from posattn.errors import CellError
+
+
+def describe(job: int, in_worker: bool) -> tuple[int, bool, int]:
+    return job * job, in_worker, torch.get_num_threads()
+
+
+class Unpicklable(Exception):
+    def __init__(self) -> None:
+        super().__init__("the compiler gave up")
+        self.module = types.ModuleType("held")
+
+
+def fail(job: int, in_worker: bool) -> None:
+    raise Unpicklable()
+
+
+def test_jobs_run_here_one_after_another():
+    assert [r[:2] for r in parallel.run_jobs(describe, [1, 2, 3], ["a", "b", "c"])] == [(1, False), (4, False), (9, False)]
+    assert list(parallel.run_jobs(describe, [5], ["a"], workers=4))[0][:2] == (25, False)  # one job: no pool
+
+
+def test_jobs_run_in_spawned_workers_with_a_share_of_the_threads(monkeypatch):
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 4)  # this process's count, read before spawning
+    out = list(parallel.run_jobs(describe, [1, 2, 3], ["a", "b", "c"], workers=2))
+    assert out == [(1, True, 2), (4, True, 2), (9, True, 2)]
+    out = parallel.run_jobs(describe, [1, 2, 3], ["a", "b", "c"], workers=2, threads=1, ordered=False)
+    assert sorted(out) == [(1, True, 1), (4, True, 1), (9, True, 1)]
+
+
+def test_a_failed_worker_job_reaches_the_parent_readably():
+    """An exception that cannot be pickled (compiler errors hold modules) would reach the parent as
+    'cannot pickle module'; the worker re-raises it as a CellError naming the job, with the
+    traceback as text."""
+    with pytest.raises((TypeError, AttributeError, pickle.PicklingError)):
+        pickle.dumps(Unpicklable())
+    with pytest.raises(CellError) as caught:
+        parallel._in_worker((fail, 3, "cell 7 (fixed_conv, trec6, seed 3)", 1))
+    message = str(pickle.loads(pickle.dumps(caught.value)))
+    assert "cell 7 (fixed_conv, trec6, seed 3) failed" in message and "the compiler gave up" in message
+    with pytest.raises(CellError, match=r"job [ab] failed(.|\n)*the compiler gave up"):  # through a real pool
+        list(parallel.run_jobs(fail, [1, 2], ["job a", "job b"], workers=2))
+
+
+def test_labels_must_match_the_jobs():
+    with pytest.raises(ValueError, match="2 jobs but 1 labels"):
+        list(parallel.run_jobs(describe, [1, 2], ["a"]))
