@@ -8,7 +8,7 @@ tokens at positions p … n − 1:
 - a mechanism whose hooks act on each row given its position (``"rows"``: rope, absolute,
   sinusoidal and every mechanism that only adds score terms) caches the transformed k and v;
   its score terms are built for the whole length n (the context ``ctx_all``) and only their
-  rows p … n − 1 are formed (:func:`term_rows`), O(n) per new token, never O(n²);
+  rows p … n − 1 are formed (:meth:`Term.rows`), O(n) per new token, never O(n²);
 - a mechanism whose q/k/v transform reads earlier rows (``"prefix"``: CAT's causal filters)
   has the raw projections cached and the transform re-applied to the whole history each step
   (O(n·K) for a K-tap filter, still linear);
@@ -28,9 +28,8 @@ from typing import TYPE_CHECKING, Literal, Protocol
 import torch
 from torch import Tensor
 
-from ..errors import PositionError
 from ..mechanisms.base import Context, Mechanism
-from .terms import Dense, LowRank, QueryRelative, Term, Toeplitz
+from .terms import Term
 
 if TYPE_CHECKING:
     from .layer import Attention
@@ -80,35 +79,12 @@ def blockers(mechanisms: list[Mechanism]) -> list[str]:
     return sorted({m.name for m in mechanisms if mode(m) is None})
 
 
-def term_rows(term: Term, start: int, n: int) -> Tensor:
-    """Rows start … n − 1 of a term built for length n, as [b|1, h|1, n − start, n]."""
-    def offsets(t: Tensor) -> Tensor:  # [m, n]: j − i
-        return torch.arange(n, device=t.device)[None, :] - torch.arange(start, n, device=t.device)[:, None]
-
-    if isinstance(term, Toeplitz):
-        return term.table[:, offsets(term.table) + n - 1].unsqueeze(0)
-    if isinstance(term, LowRank):
-        u = term.u[..., start:, :] if term.u.shape[-2] == n else term.u
-        return u @ term.v.transpose(-1, -2)
-    if isinstance(term, QueryRelative):
-        r = -offsets(term.vec) if term.key_side else offsets(term.vec)
-        a = term.weight[..., r.clamp(-term.window, term.window) + term.window, :]
-        eq = "bhid,ijd->bhij" if a.dim() == 3 else "bhid,hijd->bhij"
-        if term.key_side:
-            eq = eq.replace("bhid,", "bhjd,")
-        vec = term.vec if term.key_side or term.vec.shape[-2] == n - start else term.vec[..., start:, :]
-        return torch.einsum(eq, vec, a) * term.scale
-    if isinstance(term, Dense):
-        return term.bias[..., start:, :] if term.bias.shape[-2] == n else term.bias
-    raise PositionError(f"cached decoding does not know the score term {type(term).__name__}")
-
-
 def attend_rows(q: Tensor, k: Tensor, v: Tensor, terms: list[Term], start: int) -> Tensor:
     """softmax(q kᵀ/√d_h + terms) v for query rows start … n − 1 over keys 0 … n − 1 (causal)."""
     n = k.shape[-2]
     s = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
     for t in terms:
-        s = s + term_rows(t, start, n)
+        s = s + t.rows(start, n)
     if q.shape[-2] > 1:
         rows = torch.arange(start, n, device=q.device)[:, None]
         s = s.masked_fill(torch.arange(n, device=q.device)[None, :] > rows, float("-inf"))

@@ -18,6 +18,11 @@ def relative_index(n: int, device: torch.device) -> Tensor:
     return pos[None, :] - pos[:, None] + (n - 1)
 
 
+def row_offsets(start: int, n: int, device: torch.device) -> Tensor:
+    """[n − start, n] offsets j − i of query rows start … n − 1 against keys 0 … n − 1."""
+    return torch.arange(n, device=device)[None, :] - torch.arange(start, n, device=device)[:, None]
+
+
 def batch_free(t: Tensor) -> bool:
     """True when every batch row of t is the same, so one batch row serves the batch."""
     return t.shape[0] == 1 or t.stride(0) == 0 or bool(torch.equal(t, t[:1].expand_as(t)))
@@ -28,6 +33,11 @@ class Term:
 
     def dense(self, n: int) -> Tensor:
         """The term as a broadcastable [b|1, h|1, n, n] tensor (reference path)."""
+        raise NotImplementedError
+
+    def rows(self, start: int, n: int) -> Tensor:
+        """Rows start … n − 1 of the term built for length n, [b|1, h|1, n − start, n], in
+        O((n − start)·n) (cached decoding, :mod:`.decode`: one new row per token)."""
         raise NotImplementedError
 
     def tensors(self) -> list[Tensor]:
@@ -79,6 +89,9 @@ class Toeplitz(Term):
     def dense(self, n: int) -> Tensor:
         return self.table[:, relative_index(n, self.table.device)].unsqueeze(0)
 
+    def rows(self, start: int, n: int) -> Tensor:
+        return self.table[:, row_offsets(start, n, self.table.device) + n - 1].unsqueeze(0)
+
     def tensors(self) -> list[Tensor]:
         return [self.table]
 
@@ -104,6 +117,10 @@ class LowRank(Term):
 
     def dense(self, n: int) -> Tensor:
         return self.u @ self.v.transpose(-1, -2)
+
+    def rows(self, start: int, n: int) -> Tensor:
+        u = self.u[..., start:, :] if self.u.shape[-2] == n else self.u
+        return u @ self.v.transpose(-1, -2)
 
     def tensors(self) -> list[Tensor]:
         return [self.u, self.v]
@@ -149,6 +166,17 @@ class QueryRelative(Term):
             eq = eq.replace("bhid,", "bhjd,")
         return torch.einsum(eq, self.vec, a) * self.scale
 
+    def rows(self, start: int, n: int) -> Tensor:
+        """``vec`` may hold every row (queries or keys) or, query-side, the new rows only."""
+        offsets = row_offsets(start, n, self.vec.device)
+        r = -offsets if self.key_side else offsets
+        a = self.weight[..., r.clamp(-self.window, self.window) + self.window, :]
+        eq = "bhid,ijd->bhij" if a.dim() == 3 else "bhid,hijd->bhij"
+        if self.key_side:
+            eq = eq.replace("bhid,", "bhjd,")
+        vec = self.vec if self.key_side or self.vec.shape[-2] == n - start else self.vec[..., start:, :]
+        return torch.einsum(eq, vec, a) * self.scale
+
     def tensors(self) -> list[Tensor]:
         return [self.vec, self.weight]
 
@@ -185,6 +213,9 @@ class Dense(Term):
 
     def dense(self, n: int) -> Tensor:
         return self.bias
+
+    def rows(self, start: int, n: int) -> Tensor:
+        return self.bias[..., start:, :] if self.bias.shape[-2] == n else self.bias
 
     def tensors(self) -> list[Tensor]:
         return [self.bias]
