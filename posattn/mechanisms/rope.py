@@ -39,9 +39,18 @@ def rope_frequencies(d: int, base: float, scaling: Scaling, factor: float, origi
 
 
 def rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """Apply the rotation to x [b, h, n, d] with cos/sin [b|1, 1, n, d/2]."""
+    """Apply the rotation to x [b, h, n, d]: x·cos + swap(x)·sin, where swap exchanges the two
+    halves, cos = [cos iθ, cos iθ] and sin = [−sin iθ, sin iθ] ([b|1, 1, n, d]; :func:`tables`).
+    Two passes over x (a copy and a fused multiply-add) instead of six products and sums."""
     x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+    return torch.addcmul(x * cos, torch.cat([x2, x1], dim=-1), sin)
+
+
+def tables(positions: Tensor, theta: Tensor, mscale: float) -> tuple[Tensor, Tensor]:
+    """The [b|1, 1, n, d] tables of :func:`rotate` for ``positions`` [b|1, n]."""
+    ang = positions[:, None, :, None].to(theta.dtype) * theta
+    cos, sin = ang.cos() * mscale, ang.sin() * mscale
+    return torch.cat([cos, cos], -1), torch.cat([-sin, sin], -1)
 
 
 @register("rope")
@@ -66,9 +75,5 @@ class RoPE(Mechanism):
         self.register_buffer("theta", theta, persistent=False)
 
     def transform_qkv(self, q: Tensor, k: Tensor, v: Tensor, ctx: Context) -> tuple[Tensor, Tensor, Tensor]:
-        def tables() -> tuple[Tensor, Tensor]:
-            ang = ctx.positions[:, None, :, None].to(self.theta.dtype) * self.theta
-            return ang.cos() * self.mscale, ang.sin() * self.mscale
-
-        cos, sin = ctx.cached(("rope", id(self)), tables)
+        cos, sin = ctx.cached(("rope", id(self)), lambda: tables(ctx.positions, self.theta, self.mscale))
         return rotate(q, cos.to(q.dtype), sin.to(q.dtype)), rotate(k, cos.to(k.dtype), sin.to(k.dtype)), v
