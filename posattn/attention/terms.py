@@ -12,15 +12,14 @@ import torch
 from torch import Tensor
 
 
-def relative_index(n: int, device: torch.device) -> Tensor:
-    """[n, n] index of r = j − i into a table over offsets −(n−1) … n−1 (entry r + n − 1)."""
-    pos = torch.arange(n, device=device)
-    return pos[None, :] - pos[:, None] + (n - 1)
-
-
 def row_offsets(start: int, n: int, device: torch.device) -> Tensor:
     """[n − start, n] offsets j − i of query rows start … n − 1 against keys 0 … n − 1."""
     return torch.arange(n, device=device)[None, :] - torch.arange(start, n, device=device)[:, None]
+
+
+def relative_index(n: int, device: torch.device) -> Tensor:
+    """[n, n] index of r = j − i into a table over offsets −(n−1) … n−1 (entry r + n − 1)."""
+    return row_offsets(0, n, device) + (n - 1)
 
 
 def batch_free(t: Tensor) -> bool:
@@ -153,29 +152,27 @@ class QueryRelative(Term):
     scale: float
     key_side: bool = False
 
-    def relative_embeddings(self, n: int) -> Tensor:
-        """Shaw's explicit tensor a_ij = W[clip(·)], [n, n, d] or [h, n, n, d]."""
-        r = relative_index(n, self.weight.device) - (n - 1)
-        r = r.T if self.key_side else r
+    def relative_embeddings(self, n: int, start: int = 0) -> Tensor:
+        """Shaw's explicit tensor a_ij = W[clip(·)] for query rows start … n − 1, [n − start, n, d]
+        or [h, n − start, n, d]."""
+        r = row_offsets(start, n, self.weight.device)
+        r = -r if self.key_side else r
         return self.weight[..., r.clamp(-self.window, self.window) + self.window, :]
 
-    def dense(self, n: int) -> Tensor:
-        a = self.relative_embeddings(n)
+    def _contract(self, vec: Tensor, a: Tensor) -> Tensor:
+        """scale · vec_i · a_ij (query side) or scale · vec_j · a_ij (key side)."""
         eq = "bhid,ijd->bhij" if a.dim() == 3 else "bhid,hijd->bhij"
         if self.key_side:
             eq = eq.replace("bhid,", "bhjd,")
-        return torch.einsum(eq, self.vec, a) * self.scale
+        return torch.einsum(eq, vec, a) * self.scale
+
+    def dense(self, n: int) -> Tensor:
+        return self._contract(self.vec, self.relative_embeddings(n))
 
     def rows(self, start: int, n: int) -> Tensor:
         """``vec`` may hold every row (queries or keys) or, query-side, the new rows only."""
-        offsets = row_offsets(start, n, self.vec.device)
-        r = -offsets if self.key_side else offsets
-        a = self.weight[..., r.clamp(-self.window, self.window) + self.window, :]
-        eq = "bhid,ijd->bhij" if a.dim() == 3 else "bhid,hijd->bhij"
-        if self.key_side:
-            eq = eq.replace("bhid,", "bhjd,")
         vec = self.vec if self.key_side or self.vec.shape[-2] == n - start else self.vec[..., start:, :]
-        return torch.einsum(eq, vec, a) * self.scale
+        return self._contract(vec, self.relative_embeddings(n, start))
 
     def tensors(self) -> list[Tensor]:
         return [self.vec, self.weight]
