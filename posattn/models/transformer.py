@@ -163,8 +163,11 @@ class Decoder(Transformer):
         init_linear(self, cfg.init_std)
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None,
-                positions: Tensor | None = None) -> Tensor:
-        return self.logits(self.hidden(input_ids, None, attention_mask, positions))
+                positions: Tensor | None = None, scored: Tensor | None = None) -> Tensor:
+        """Logits [b, n, vocab]; with ``scored`` (bool [b, n]) only those rows, [k, vocab], as
+        ``logits[scored]`` but without the vocabulary product at the other positions."""
+        h = self.hidden(input_ids, None, attention_mask, positions)
+        return self.logits(h if scored is None else h[scored])
 
     def decode(self, input_ids: Tensor, cache: Cache) -> Tensor:
         """Logits [b, m, vocab] of ``input_ids`` [b, m] continuing the prefix held in ``cache``

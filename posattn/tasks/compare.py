@@ -43,7 +43,6 @@ TOP_KEYS = ("name", "task", "task_params", "vocab_size", "train_length", "test_l
             "examples", "data_seed", "seeds", "d_model", "models", "training", "claims", *MODEL_DEFAULTS)
 TRAINING_KEYS = tuple(f.name for f in fields(TrainConfig) if f.name != "seed")
 EVAL_SCORE_BUDGET = 2 ** 25   # batch · length² kept under this at evaluation (attention matrices)
-EVAL_LOGIT_BUDGET = 2 ** 26   # batch · length · vocab kept under this at evaluation (logits)
 
 SCHEMA = """\
 Config schema (YAML; every key but `models` has a default):
@@ -387,8 +386,8 @@ def _check_models(specs: list[dict[str, Any]], widths: list[int], vocab: int) ->
     return errors
 
 
-def _eval_batch(length: int, vocab: int, cap: int) -> int:
-    return max(1, min(cap, EVAL_SCORE_BUDGET // length ** 2, EVAL_LOGIT_BUDGET // (length * vocab)))
+def _eval_batch(length: int, cap: int) -> int:
+    return max(1, min(cap, EVAL_SCORE_BUDGET // length ** 2))
 
 
 def _write_json(path: Path, obj: Any) -> None:
@@ -443,7 +442,7 @@ def run_cell(cell: Cell, test_lengths: list[int], out: Path, device: str = "auto
         test = drop_overlap(cell.data("test", n, cell.examples["test"]), train_data)
         result["test_examples"][str(n)] = len(test)
         try:
-            acc = evaluate(model, test, _eval_batch(n, cell.vocab_size, tcfg.eval_batch_size))
+            acc = evaluate(model, test, _eval_batch(n, tcfg.eval_batch_size))
         except PositionError as e:
             result["accuracy"][str(n)], result["not_applicable"][str(n)] = None, str(e)
         else:

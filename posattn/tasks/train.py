@@ -70,10 +70,11 @@ def resolve_device(device: str | torch.device = "auto") -> torch.device:
     return torch.device(device)
 
 
-def masked_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Cross-entropy over the scored positions only (``labels != IGNORE``)."""
+def masked_loss(model: nn.Module, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy over the scored positions only (``labels != IGNORE``), whose logits alone
+    the model computes (``model(inputs, scored=keep)``)."""
     keep = labels != IGNORE
-    return nn.functional.cross_entropy(logits[keep].float(), labels[keep])
+    return nn.functional.cross_entropy(model(inputs, scored=keep).float(), labels[keep])
 
 
 @torch.no_grad()
@@ -88,7 +89,7 @@ def evaluate(model: nn.Module, data: TaskData, batch_size: int = 256,
         inputs = data.inputs[start:start + batch_size].to(device)
         labels = data.labels[start:start + batch_size].to(device)
         keep = labels != IGNORE
-        predictions = model(inputs)[keep].argmax(-1)
+        predictions = model(inputs, scored=keep).argmax(-1)
         correct += int((predictions == labels[keep]).sum())
         total += int(keep.sum())
     model.train(was_training)
@@ -139,7 +140,8 @@ def set_rng_state(state: dict[str, Any], device: torch.device) -> None:
 def train(model: nn.Module, data: TaskData, cfg: TrainConfig, *, valid: TaskData | None = None,
           checkpoint_dir: str | Path | None = None, device: str | torch.device = "auto",
           progress: bool = True, description: str = "train") -> TrainResult:
-    """Train ``model`` (``input_ids -> logits [b, n, vocab]``) on ``data``; evaluate on ``valid``.
+    """Train ``model`` on ``data``; evaluate on ``valid``. The model maps ``(input_ids, scored=mask)``
+    to the logits [k, vocab] of the k scored positions, as posattn's ``Decoder`` does.
 
     Every ``cfg.eval_every`` steps (and at the end) the model is evaluated on ``valid``; it stops
     once accuracy reaches ``cfg.target_accuracy``. With ``checkpoint_dir`` a checkpoint is written
@@ -180,7 +182,7 @@ def train(model: nn.Module, data: TaskData, cfg: TrainConfig, *, valid: TaskData
             inputs, labels = data.inputs[idx].to(device), data.labels[idx].to(device)
             for group in optimizer.param_groups:
                 group["lr"] = cfg.lr_at(step)
-            loss = masked_loss(model(inputs), labels)
+            loss = masked_loss(model, inputs, labels)
             if not torch.isfinite(loss):
                 raise FloatingPointError(f"loss became {loss.item()} at step {step}; lower the learning rate")
             optimizer.zero_grad(set_to_none=True)

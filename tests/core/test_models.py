@@ -42,6 +42,14 @@ def test_decoder_shapes():
     assert Decoder(config(["none"], tie_embeddings=False))(ids).shape == (3, 7, VOCAB)
 
 
+@pytest.mark.parametrize("tie", [True, False])
+def test_decoder_logits_of_scored_positions_only(tie):
+    m = Decoder(config(["rope", "cat"], tie_embeddings=tie)).eval()
+    ids, scored = tokens(3, 7), torch.rand(3, 7, generator=torch.Generator().manual_seed(0)) < 0.3
+    assert 0 < scored.sum() < scored.numel()
+    torch.testing.assert_close(m(ids, scored=scored), m(ids)[scored], rtol=1e-6, atol=1e-6)
+
+
 def test_no_mlp_blocks():
     m = Decoder(config(["cat"], d_ff=0))
     assert all(b.mlp is None for b in m.blocks)

@@ -48,12 +48,12 @@ class Interrupt(nn.Module):
         super().__init__()
         self.model, self.at, self.calls = model, at, 0
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, scored: torch.Tensor) -> torch.Tensor:
         if self.training:
             self.calls += 1
             if self.calls == self.at:
                 raise KeyboardInterrupt
-        return self.model(x)
+        return self.model(x, scored=scored)
 
 
 def test_resumed_run_ends_bit_identical(tmp_path: Path) -> None:
@@ -98,8 +98,8 @@ def test_divergence_is_reported() -> None:
             super().__init__()
             self.w = nn.Parameter(torch.zeros(1))
 
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            return torch.full((*x.shape, V), float("nan")) * self.w
+        def forward(self, x: torch.Tensor, scored: torch.Tensor) -> torch.Tensor:
+            return torch.full((int(scored.sum()), V), float("nan")) * self.w
 
     with pytest.raises(FloatingPointError, match="lower the learning rate"):
         train(Broken(), data(n=20), TrainConfig(steps=3, batch_size=4), device="cpu", progress=False)
