@@ -180,14 +180,17 @@ def baseline(task: Task, train: Encoded, test: Encoded) -> dict[str, float]:
 def finetune(model: Encoder, task: Task, train: Encoded, valid: Encoded, cfg: FinetuneConfig, *,
              checkpoint_dir: Path | None = None, device: str | torch.device = "auto", progress: bool = True,
              description: str = "finetune") -> dict[str, Any]:
-    """Fine-tune ``model`` on ``train``, keep the weights that score best on ``valid``; resumable."""
+    """Fine-tune ``model`` on ``train``, keep the weights that score best on ``valid``; resumable.
+
+    Returns steps, best step and score, the validation history, and ``earlier_seconds``: the (wall,
+    CPU) seconds of the interrupted runs this one resumed, up to their last checkpoint."""
     device = resolve_device(device)
     model.to(device).train()
     optimizer = adamw(model, cfg.lr, cfg.weight_decay, eps=cfg.adam_eps)
     total, every = cfg.total_steps(len(train)), cfg.eval_every(len(train))
     path = checkpoint_dir / CHECKPOINT if checkpoint_dir is not None else None
     state: dict[str, Any] = {"step": 0, "history": [], "done": False, "best": None, "best_score": -math.inf,
-                             "best_step": 0, "bad": 0}
+                             "best_step": 0, "bad": 0, "seconds": 0.0, "cpu_seconds": 0.0}
     torch.manual_seed(cfg.seed)
     if path is not None and path.exists():
         saved = torch.load(path, map_location="cpu", weights_only=False)
@@ -197,7 +200,8 @@ def finetune(model: Encoder, task: Task, train: Encoded, valid: Encoded, cfg: Fi
         model.load_state_dict(saved["model"])
         optimizer.load_state_dict(saved["optimizer"])
         set_rng_state(saved, device)
-        state = saved["state"]
+        state = {"seconds": 0.0, "cpu_seconds": 0.0, **saved["state"]}
+    start, cpu, before = time.perf_counter(), time.process_time(), (state["seconds"], state["cpu_seconds"])
     bar = tqdm(total=total, initial=state["step"], desc=description, disable=not progress or state["done"],
                leave=False, dynamic_ncols=True)
     loss_value = None
@@ -228,6 +232,7 @@ def finetune(model: Encoder, task: Task, train: Encoded, valid: Encoded, cfg: Fi
             state["bad"] += 1
         state["done"] = step >= total or (cfg.patience is not None and state["bad"] >= cfg.patience)
         bar.set_postfix(loss=round(loss_value, 4), valid=round(valid_score, 4))
+        state.update(seconds=before[0] + time.perf_counter() - start, cpu_seconds=before[1] + time.process_time() - cpu)
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
             atomic_save(path, {"config": asdict(cfg), "model": model.state_dict(),
@@ -235,7 +240,8 @@ def finetune(model: Encoder, task: Task, train: Encoded, valid: Encoded, cfg: Fi
     bar.close()
     model.load_state_dict(state["best"])
     return {"steps": state["step"], "total_steps": total, "stopped_early": state["step"] < total,
-            "best_step": state["best_step"], "valid_score": state["best_score"], "history": state["history"]}
+            "best_step": state["best_step"], "valid_score": state["best_score"], "history": state["history"],
+            "earlier_seconds": before}
 
 
 @dataclass(frozen=True)
@@ -314,8 +320,10 @@ def run_cell(cell: Cell, store: Path, device: str = "auto", progress: bool = Tru
                       baseline={k: baseline(task, sets["train"], v) for k, v in tests.items()})
         if cell.seed == 0:      # the sorted-vs-file-order timing costs two more test passes: once per task is enough
             result["eval_cost"] = {k: eval_cost(model, task, v, cfg.eval_batch_size) for k, v in tests.items()}
-    result["train_seconds"] = round(time.perf_counter() - start, 2)
-    result["cpu_seconds"] = round(time.process_time() - cpu, 2)     # = wall time on an idle core, single-threaded
+    # this process plus the interrupted parts before it; CPU time = wall time on an idle core, single-threaded
+    earlier = result.pop("earlier_seconds", (0.0, 0.0))
+    result["train_seconds"] = round(earlier[0] + time.perf_counter() - start, 2)
+    result["cpu_seconds"] = round(earlier[1] + time.process_time() - cpu, 2)
     if keep_model and "diverged" not in result:
         save(model, model_dir)
     _write_json(result_path, result)

@@ -14,7 +14,6 @@ import json
 import os
 import statistics
 import textwrap
-import time
 from dataclasses import asdict, dataclass, fields, replace
 from importlib import resources
 from itertools import product
@@ -410,7 +409,6 @@ def run_cell(cell: Cell, test_lengths: list[int], out: Path, device: str = "auto
     if result is None:
         torch.manual_seed(tcfg.seed)
         model = build_model(cell.model_config())
-        start = time.perf_counter()
         try:
             outcome = train(model, train_data, tcfg,
                             valid=cell.data("valid", cell.train_length, cell.examples["valid"]),
@@ -426,7 +424,7 @@ def run_cell(cell: Cell, test_lengths: list[int], out: Path, device: str = "auto
                   "steps": outcome.steps if outcome else None,
                   "stopped_early": outcome.stopped_early if outcome else False,
                   "valid_accuracy": outcome.valid_accuracy if outcome else None,
-                  "train_seconds": round(time.perf_counter() - start, 2),
+                  "train_seconds": outcome.seconds if outcome else None,
                   "history": outcome.history if outcome else [],
                   "accuracy": {}, "not_applicable": {}, "test_examples": {}}
         if outcome is None:

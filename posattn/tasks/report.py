@@ -30,6 +30,12 @@ def mean_accuracy(results: list[dict], label: str, d_model: int, train_length: i
     return statistics.fmean(values) if values else None
 
 
+def _mean_seconds(cells: list[dict]) -> str:
+    """Mean training wall time over the cells that trained to the end (diverged ones have none)."""
+    seconds = [r["train_seconds"] for r in cells if r["train_seconds"] is not None]
+    return f"{statistics.fmean(seconds):.0f}" if seconds else "–"
+
+
 def _mean_std(cells: list[dict], length: int) -> str:
     """``mean ± std`` of the test accuracy over seeds (sample std; the mean alone for one seed)."""
     values = _accuracies(cells, length)
@@ -98,7 +104,7 @@ def write_report(sweep: Sweep, results: list[dict], out: Path) -> Path:
                         reasons.setdefault(f"{label}: length {m}", why)
                 rows.append([label, f"{cells[0]['parameters']:,}", f"{cells[0]['lr']:g}",
                              "/".join(str(r["steps"]) for r in cells),
-                             f"{statistics.fmean(r['train_seconds'] for r in cells):.0f}",
+                             _mean_seconds(cells),
                              *(_mean_std(cells, m) for m in lengths)])
             lines += md_table(header, rows)
             if len(tr["lr"]) > 1:

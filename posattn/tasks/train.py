@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import os
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -54,13 +55,15 @@ class TrainConfig:
 
 @dataclass
 class TrainResult:
-    """What a run did: steps taken, whether it hit the target, evaluation history, last loss."""
+    """What a run did: steps taken, whether it hit the target, evaluation history, last loss, and
+    its wall time in seconds (summed over every resumed part)."""
 
     steps: int
     stopped_early: bool
     valid_accuracy: float | None
     loss: float | None
     history: list[dict[str, float]] = field(default_factory=list)
+    seconds: float = 0.0
 
 
 def resolve_device(device: str | torch.device = "auto") -> torch.device:
@@ -152,7 +155,7 @@ def train(model: nn.Module, data: TaskData, cfg: TrainConfig, *, valid: TaskData
     model.to(device).train()
     optimizer = adamw(model, cfg.lr, cfg.weight_decay)
     path = Path(checkpoint_dir) / CHECKPOINT if checkpoint_dir is not None else None
-    step, history, done, loss_value = 0, [], False, None
+    step, history, done, loss_value, before = 0, [], False, None, 0.0
     torch.manual_seed(cfg.seed)
     if path is not None and path.exists():
         state = torch.load(path, map_location="cpu", weights_only=False)
@@ -163,13 +166,18 @@ def train(model: nn.Module, data: TaskData, cfg: TrainConfig, *, valid: TaskData
         optimizer.load_state_dict(state["optimizer"])
         set_rng_state(state, device)
         step, history, done, loss_value = state["step"], state["history"], state["done"], state["loss"]
+        before = state.get("seconds", 0.0)
+    start = time.perf_counter()
+
+    def seconds() -> float:
+        return before + time.perf_counter() - start
 
     def checkpoint() -> None:
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
             atomic_save(path, {"config": asdict(cfg), "model": model.state_dict(),
                                "optimizer": optimizer.state_dict(), **rng_state(device), "step": step,
-                               "history": history, "done": done, "loss": loss_value})
+                               "history": history, "done": done, "loss": loss_value, "seconds": seconds()})
 
     def reached(acc: float) -> bool:
         return cfg.target_accuracy is not None and acc >= cfg.target_accuracy
@@ -204,4 +212,4 @@ def train(model: nn.Module, data: TaskData, cfg: TrainConfig, *, valid: TaskData
     bar.close()
     last = history[-1] if history else {}
     return TrainResult(steps=step, stopped_early=step < cfg.steps, valid_accuracy=last.get("valid_accuracy"),
-                       loss=loss_value, history=history)
+                       loss=loss_value, history=history, seconds=round(seconds(), 2))

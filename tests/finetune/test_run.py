@@ -100,10 +100,12 @@ def test_resumed_run_ends_bit_identical(tmp_path):
     Interrupt(broken, at=7)           # forwards: steps 1-2, eval, steps 3-4, eval, step 5 (interrupted)
     with pytest.raises(KeyboardInterrupt):
         finetune(broken, TASK, train, valid, cfg, checkpoint_dir=tmp_path, progress=False)
-    assert torch.load(tmp_path / CHECKPOINT, weights_only=False)["state"]["step"] == 4
+    saved = torch.load(tmp_path / CHECKPOINT, weights_only=False)["state"]
+    assert saved["step"] == 4 and saved["seconds"] > 0 and saved["cpu_seconds"] > 0
     resumed = build_model_none(seed=99)          # another init: everything must come from the checkpoint
     out = finetune(resumed, TASK, train, valid, cfg, checkpoint_dir=tmp_path, progress=False)
     assert out["history"] == ref["history"] and out["steps"] == ref["steps"]
+    assert out["earlier_seconds"] == (saved["seconds"], saved["cpu_seconds"])  # run_cell adds them to its times
     for (name, a), (_, b) in zip(straight.state_dict().items(), resumed.state_dict().items()):
         assert torch.equal(a, b), name
     with pytest.raises(PositionError, match="different training config"):

@@ -65,11 +65,13 @@ def test_resumed_run_ends_bit_identical(tmp_path: Path) -> None:
     with pytest.raises(KeyboardInterrupt):
         train(Interrupt(tiny("rope", 2), at=17), train_data, cfg, valid=valid, checkpoint_dir=tmp_path,
               progress=False)
-    assert torch.load(tmp_path / CHECKPOINT, weights_only=False)["step"] == 14
+    saved = torch.load(tmp_path / CHECKPOINT, weights_only=False)
+    assert saved["step"] == 14 and saved["seconds"] > 0
     resumed = Interrupt(tiny("rope", 2, seed=99), at=0)   # another init: all must come from the checkpoint
     out = train(resumed, train_data, cfg, valid=valid, checkpoint_dir=tmp_path, progress=False)
 
     assert out.steps == ref.steps == 30 and out.history == ref.history
+    assert out.seconds > saved["seconds"]       # wall time adds up over the interrupted and resumed parts
     for (name, a), (_, b) in zip(straight.state_dict().items(), resumed.model.state_dict().items()):
         assert torch.equal(a, b), name
     again = train(Interrupt(tiny("rope", 2), at=1), train_data, cfg, valid=valid, checkpoint_dir=tmp_path, progress=False)
