@@ -56,6 +56,6 @@ def run(args: argparse.Namespace) -> None:
     suite = validate_config(raw)
     out = args.out or f"runs/finetune-{suite.name}"
     run_suite(suite, out, workers=args.workers, device=args.device, threads=args.threads,
-              progress=not args.no_progress)
+              progress=not args.no_progress, report_only=args.report)
     print((Path(out) / "report.md").read_text())
     print(f"results, report and plots in {out}/")

@@ -42,14 +42,14 @@ def suite_scores(cells: list[dict], label: str, tasks: list[str]) -> dict[int, f
 
 def mean_se(values: list[float]) -> str:
     if not values:
-        return "n/a"
+        return "–"
     if len(values) == 1:
         return f"{values[0]:.1f}"
     return f"{statistics.fmean(values):.1f} ± {statistics.stdev(values) / math.sqrt(len(values)):.1f}"
 
 
 def median(values: list[float]) -> str:
-    return f"{statistics.median(values):.1f}" if values else "n/a"
+    return f"{statistics.median(values):.1f}" if values else "–"
 
 
 def write_report(suite: Suite, summary: dict[str, Any], out: Path) -> Path:
@@ -64,14 +64,17 @@ def write_report(suite: Suite, summary: dict[str, Any], out: Path) -> Path:
         values = [stat(list(seed_values(cells, label, t, s).values())) for t, s, _ in cols]
         return [label, f"{params / 1e6:.2f}M", *values, stat(list(suite_scores(cells, label, tasks).values()))]
 
-    first = {t: next(c for c in cells if c["task"] == t) for t in tasks}
+    first = {t: next((c for c in cells if c["task"] == t), {}) for t in tasks}
     chance = ["majority class", "-", *(f"{100 * first[t]['baseline'][s]['score']:.1f}" if first[t].get("baseline")
-                                       else "n/a" for t, s, _ in cols), ""]
+                                       else "–" for t, s, _ in cols), ""]
     seeds = cfg["seeds"]
     lines = [f"# posattn finetune: {suite.name}", "",
              f"Test scores ×100, {len(seeds)} seed(s) {seeds}; Avg = mean of the columns, computed per seed. "
              "Metrics: " + "; ".join(f"{TASKS[t].title} {'/'.join(TASKS[t].metrics)}" for t in tasks) +
-             " (a task with two metrics scores their mean, as on the GLUE leaderboard).", "",
+             " (a task with two metrics scores their mean, as on the GLUE leaderboard). `–`: no finished cell.", "",
+             *([f"**Partial: {len(cells)} of {summary['cells_total']} cells finished.** Avg counts only the seeds "
+                "that have every column, and a claim with fewer than 2 such seeds of a row is not measured. "
+                "Rerun the sweep to finish it.", ""] if len(cells) < summary.get("cells_total", len(cells)) else []),
              "## Mean ± standard error over seeds (Chang et al. layout)", "",
              *md_table(header, [row(lab, mean_se) for lab in labels] + [chance]),
              "## Median over seeds (TISA / DIET layout)", "",
@@ -90,6 +93,9 @@ def write_report(suite: Suite, summary: dict[str, Any], out: Path) -> Path:
     lines += ["## Tasks", ""]
     for t in tasks:
         c = first[t]
+        if not c:
+            lines.append(f"- **{TASKS[t].title}** (`{t}`): no finished cell yet.")
+            continue
         truncated = {k: v for k, v in c["truncated"].items() if v}
         sizes = ", ".join(f"{k} {v}" for k, v in c["sizes"].items())
         note = "; ".join([*c["notes"], *([f"truncated to {c['max_seq_len']} tokens (longest first): "

@@ -286,6 +286,13 @@ def encoded(tokenizer: str, task: str, glue_dir: str | None, max_train: int | No
     return {k: encode_examples(tok, data.task, v, max_len) for k, v in sets.items()}
 
 
+def finished_cell(cell: Cell, store: Path) -> dict | None:
+    """The result of ``cell`` if it has finished, under this sweep's label and path (the id keys the
+    checkpoint by content, so another sweep may have trained it), else None."""
+    path = store / cell.id / "result.json"
+    return {**json.loads(path.read_text()), "label": cell.label, "checkpoint": cell.checkpoint} if path.exists() else None
+
+
 def run_cell(cell: Cell, store: Path, device: str = "auto", progress: bool = True, keep_model: bool = False) -> dict:
     """Fine-tune (or resume) one cell in ``store/<id>`` and score it; a finished cell's result is read
     back, never re-run.
@@ -293,9 +300,9 @@ def run_cell(cell: Cell, store: Path, device: str = "auto", progress: bool = Tru
     ``keep_model``: also save the fine-tuned model (an intermediate task's model starts other cells)."""
     folder = store / cell.id
     result_path, model_dir = folder / "result.json", folder / MODEL_DIR
-    if result_path.exists() and (not keep_model or (model_dir / WEIGHTS).exists()):
-        # the id keys the checkpoint by content: report it under this sweep's label and path
-        return {**json.loads(result_path.read_text()), "label": cell.label, "checkpoint": cell.checkpoint}
+    done = finished_cell(cell, store)
+    if done is not None and (not keep_model or (model_dir / WEIGHTS).exists()):
+        return done
     task, checkpoint = TASKS[cell.task], Path(cell.checkpoint)
     data = task_data(cell.task, cell.glue_dir, cell.max_train, cell.max_eval)
     sets = encoded(str(tokenizer_path(checkpoint)), cell.task, cell.glue_dir, cell.max_train, cell.max_eval,

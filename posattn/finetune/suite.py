@@ -22,7 +22,7 @@ from ..parallel import run_jobs
 from ..tasks import compare
 from ..tasks.compare import _write_json
 from .report import write_plots, write_report
-from .run import (Cell, FinetuneConfig, check_encoder, find_checkpoint, fingerprint, run_cell, task_data,
+from .run import (Cell, FinetuneConfig, check_encoder, find_checkpoint, fingerprint, finished_cell, run_cell, task_data,
                   tokenizer_path)
 from .tasks import GLUE_SUITE, OFFLINE_SUITE, TASKS
 
@@ -262,15 +262,24 @@ def _cell_job(job: tuple[Cell, str, str, bool, bool], in_worker: bool) -> dict:
 
 
 def run_suite(suite: Suite, out: str | Path, workers: int = 1, device: str = "auto", threads: int | None = None,
-              progress: bool = True) -> list[dict]:
-    """Run every unfinished cell (intermediate sources first), then write results.json, report.md and plots."""
+              progress: bool = True, report_only: bool = False) -> list[dict]:
+    """Run every unfinished cell (intermediate sources first), then write results.json, report.md and plots.
+
+    ``report_only``: train nothing, report the cells finished so far (a partial report says so);
+    ConfigError if there are none."""
     start = time.perf_counter()
+    out = Path(out)
+    store = Path(suite.cell_store) if suite.cell_store else out / "cells"
+    if report_only:
+        results = [r for c in suite.cells if (r := finished_cell(c, store)) is not None]
+        if not results:
+            raise ConfigError(f"{store}: no finished cells of suite {suite.name!r} to report yet")
+        _write_summary(suite, results, out, time.perf_counter() - start)
+        return results
     for key in {(c.task, c.glue_dir, c.max_train, c.max_eval) for c in suite.cells}:
         task_data(*key)                     # a bad task file fails here, before anything is written
-    out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.yaml").write_text(yaml.safe_dump(suite.config, sort_keys=False))
-    store = Path(suite.cell_store) if suite.cell_store else out / "cells"
     waves = [[c for c in suite.cells if c.init_from is None], [c for c in suite.cells if c.init_from is not None]]
     results: list[dict] = []
     bar = tqdm(total=len(suite.cells), desc="cells", disable=not progress, dynamic_ncols=True)
@@ -281,10 +290,15 @@ def run_suite(suite: Suite, out: str | Path, workers: int = 1, device: str = "au
             results.append(r)
             bar.update(1)
     bar.close()
-    summary = {"name": suite.name, "config": suite.config, "wall_seconds": round(time.perf_counter() - start, 1),
+    _write_summary(suite, results, out, time.perf_counter() - start)
+    return results
+
+
+def _write_summary(suite: Suite, results: list[dict], out: Path, wall: float) -> None:
+    summary = {"name": suite.name, "config": suite.config, "wall_seconds": round(wall, 1),
                "cell_seconds": round(sum(r["train_seconds"] for r in results), 1),
-               "cell_cpu_seconds": round(sum(r.get("cpu_seconds", 0) for r in results), 1), "cells": results}
+               "cell_cpu_seconds": round(sum(r.get("cpu_seconds", 0) for r in results), 1),
+               "cells_total": len(suite.cells), "cells": results}
     _write_json(out / "results.json", summary)
     write_report(suite, summary, out)
     write_plots(suite, summary, out)
-    return results

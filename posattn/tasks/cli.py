@@ -31,7 +31,8 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 
 def add_sweep_options(parser: argparse.ArgumentParser, command: str, workers: int = 1) -> None:
-    """The options every sweep command shares: --out, --workers, --threads, --device, --no-progress, --dump-config."""
+    """The options every sweep command shares: --out, --workers, --threads, --device, --no-progress, --dump-config,
+    --report."""
     parser.add_argument("--out", default=None, help=f"output folder (default: runs/{command}-<name>)")
     parser.add_argument("--workers", type=int, default=workers,
                         help=f"cells trained in parallel processes (default {workers})")
@@ -40,6 +41,9 @@ def add_sweep_options(parser: argparse.ArgumentParser, command: str, workers: in
     parser.add_argument("--device", default="auto", help="auto (CUDA if available), cpu, cuda or cuda:N")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     parser.add_argument("--dump-config", action="store_true", help="print the config's YAML and exit")
+    parser.add_argument("--report", action="store_true",
+                        help="train nothing: write the report and plots of the cells finished so far (e.g. while "
+                             "the sweep runs elsewhere) and say how many are missing")
 
 
 def run(args: argparse.Namespace) -> None:
@@ -52,7 +56,8 @@ def run(args: argparse.Namespace) -> None:
     if args.workers < 1 or args.threads < 1:
         raise ConfigError(f"--workers and --threads must be >= 1, got {args.workers} and {args.threads}")
     out = args.out or f"runs/compare-{sweep.name}"
-    run_sweep(sweep, out, workers=args.workers, device=args.device, threads=args.threads, progress=not args.no_progress)
+    run_sweep(sweep, out, workers=args.workers, device=args.device, threads=args.threads, progress=not args.no_progress,
+              report_only=args.report)
     print((Path(out) / "report.md").read_text())
     print(f"results, report and plots in {out}/")
 

@@ -455,23 +455,37 @@ def _cell_job(job: tuple[Cell, list[int], str, str, bool], in_worker: bool) -> d
     return run_cell(cell, lengths, Path(out), device, progress and not in_worker)
 
 
+def finished_cell(cell: Cell, lengths: list[int], out: Path) -> dict | None:
+    """The result of ``cell`` if it is trained and scored at every length in ``lengths``, else None."""
+    path = out / "cells" / cell.id / "result.json"
+    result = json.loads(path.read_text()) if path.exists() else None
+    return result if result is not None and all(str(n) in result["accuracy"] for n in lengths) else None
+
+
 def run_sweep(sweep: Sweep, out: str | Path, workers: int = 1, device: str = "auto", threads: int | None = None,
-              progress: bool = True) -> list[dict]:
+              progress: bool = True, report_only: bool = False) -> list[dict]:
     """Run every cell not yet finished, then write results.json, report.md and the plots into ``out``.
 
     ``workers`` > 1: cells in that many processes (:func:`posattn.parallel.run_jobs`);
     ``threads``: torch intra-op threads per worker (``None``: alone, torch's setting; with
-    workers, an equal share of it).
+    workers, an equal share of it). ``report_only``: train nothing, report the cells finished so
+    far (a partial report says so); ConfigError if there are none.
     """
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "config.yaml").write_text(yaml.safe_dump(sweep.config, sort_keys=False))
-    jobs = [(cell, sweep.test_lengths[cell.train_length], str(out), device, progress) for cell in sweep.cells]
-    labels = [f"cell {cell.id} ({cell.label})" for cell in sweep.cells]
-    results = list(tqdm(run_jobs(_cell_job, jobs, labels, workers, threads), total=len(jobs), desc="cells",
-                        disable=not progress, dynamic_ncols=True))
+    if report_only:
+        results = [r for cell in sweep.cells if (r := finished_cell(cell, sweep.test_lengths[cell.train_length], out))]
+        if not results:
+            raise ConfigError(f"{out}: no finished cells of sweep {sweep.name!r} to report yet")
+    else:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "config.yaml").write_text(yaml.safe_dump(sweep.config, sort_keys=False))
+        jobs = [(cell, sweep.test_lengths[cell.train_length], str(out), device, progress) for cell in sweep.cells]
+        labels = [f"cell {cell.id} ({cell.label})" for cell in sweep.cells]
+        results = list(tqdm(run_jobs(_cell_job, jobs, labels, workers, threads), total=len(jobs), desc="cells",
+                            disable=not progress, dynamic_ncols=True))
     _select(results)
-    _write_json(out / "results.json", {"name": sweep.name, "config": sweep.config, "cells": results})
+    _write_json(out / "results.json", {"name": sweep.name, "config": sweep.config, "cells_total": len(sweep.cells),
+                                       "cells": results})
     write_report(sweep, results, out)
     write_plots(sweep, results, out)
     return results

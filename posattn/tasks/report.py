@@ -36,8 +36,11 @@ def _mean_seconds(cells: list[dict]) -> str:
     return f"{statistics.fmean(seconds):.0f}" if seconds else "–"
 
 
-def _mean_std(cells: list[dict], length: int) -> str:
-    """``mean ± std`` of the test accuracy over seeds (sample std; the mean alone for one seed)."""
+def _mean_std(cells: list[dict], length: int, missing: str = "n/a") -> str:
+    """``mean ± std`` of the test accuracy over seeds (sample std; the mean alone for one seed);
+    ``missing`` where no cell is there yet, "n/a" where the model cannot run that length."""
+    if not cells:
+        return missing
     values = _accuracies(cells, length)
     if not values:
         return "n/a"
@@ -87,6 +90,11 @@ def write_report(sweep: Sweep, results: list[dict], out: Path) -> Path:
              f"(best by validation accuracy), warmup {tr['warmup']} + cosine, early stop at validation accuracy "
              f"{tr['target_accuracy']}; seeds {cfg['seeds']} (mean ± sample std over seeds). Accuracy = fraction of scored tokens "
              f"predicted exactly. `n/a` = the model cannot run that length (reasons below).", ""]
+    if len(results) < len(sweep.cells):
+        lines += [f"**Partial: {len(results)} of {len(sweep.cells)} cells finished.** A model's learning rate is the "
+                  f"best among its finished ones, the steps column has one entry per finished seed, `–` marks a "
+                  f"learning rate with no finished cell, and a claim with fewer than 2 seeds of a row is not "
+                  f"measured. Rerun the sweep to finish it.", ""]
     reasons: dict[str, str] = {}
     for n in cfg["train_length"]:
         lengths = sweep.test_lengths[n]
@@ -111,11 +119,11 @@ def write_report(sweep: Sweep, results: list[dict], out: Path) -> Path:
                 lines += [f"Learning-rate sweep: accuracy at length {n} (mean ± std over seeds) per lr; "
                           f"the row above uses the lr with the best mean validation accuracy.", ""]
                 grid = [[label, *(_mean_std([r for r in results if r["label"] == label and r["d_model"] == d
-                                             and r["train_length"] == n and r["lr"] == lr], n)
+                                             and r["train_length"] == n and r["lr"] == lr], n, missing="–")
                                   for lr in tr["lr"])] for label in _labels(sweep)]
                 lines += md_table(["model", *(f"lr {lr:g}" for lr in tr["lr"])], grid)
         lines += [f"## Accuracy vs width (trained and tested at {n})", ""]
-        rows = [[label, *(_mean_std(_selected(results, label, d, n), n) for d in cfg["d_model"])]
+        rows = [[label, *(_mean_std(_selected(results, label, d, n), n, missing="–") for d in cfg["d_model"])]
                 for label in _labels(sweep)]
         lines += md_table(["model", *(f"d={d}" for d in cfg["d_model"])], rows)
     if cfg.get("claims"):

@@ -67,6 +67,17 @@ def test_glue_sweep_with_intermediate_tasks_report_and_resume(setup, monkeypatch
              "--out", str(out), "--no-progress", "--workers", "1")
     assert json.loads((out / "results.json").read_text())["cells"] == cells
 
+    gone = [c for c in cells if c["task"] == "stsb" or (c["task"] == "mnli" and c["seed"] == 1)]
+    for c in gone:
+        (out / "cells" / c["id"] / "result.json").unlink()
+    finetune(str(a), str(b), "--tasks", "mnli", "rte", "stsb", "--seeds", "2", "--glue-dir", str(root / "glue"),
+             "--out", str(out), "--report")
+    partial = json.loads((out / "results.json").read_text())
+    assert partial["cells_total"] == 12 and len(partial["cells"]) == 12 - len(gone) == 6
+    report = (out / "report.md").read_text()
+    assert "**Partial: 6 of 12 cells finished.**" in report and "(`stsb`): no finished cell yet" in report
+    assert "| – | – |" in report          # STS-B's column, and Avg without a seed that has every column
+
 
 def test_every_problem_of_a_config_in_one_error(setup, tmp_path):
     root, a, _ = setup

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -69,6 +70,32 @@ def test_finished_cells_are_not_rerun(swept: Path, monkeypatch: pytest.MonkeyPat
     results = run_sweep(validate_config({**TINY, "test_multipliers": [1, 2, 3]}), swept, progress=False)
     assert [r["accuracy"]["16"] for r in results] == [r["accuracy"]["16"] for r in before]
     assert all("48" in r["accuracy"] for r in results)
+
+
+def test_report_of_the_cells_finished_so_far(swept: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                             capsys: pytest.CaptureFixture) -> None:
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("--report trained a cell")
+
+    monkeypatch.setattr(compare, "train", refuse)
+    config = tmp_path / "tiny.yaml"
+    config.write_text(yaml.safe_dump(TINY))
+    out = tmp_path / "out"
+    assert cli.main(["compare", str(config), "--out", str(out), "--report"]) == 2
+    assert "no finished cells" in capsys.readouterr().err
+    sweep = validate_config(TINY)
+    gone = next(c for c in sweep.cells if c.label == "cat (1L)" and c.d_model == 16 and c.training["lr"] == 1e-2)
+    for cell in sweep.cells:
+        if cell is not gone:
+            (out / "cells" / cell.id).mkdir(parents=True)
+            (out / "cells" / cell.id / "result.json").write_text((swept / "cells" / cell.id / "result.json").read_text())
+    assert cli.main(["compare", str(config), "--out", str(out), "--report", "--no-progress"]) == 0
+    report = (out / "report.md").read_text()
+    assert "**Partial: 7 of 8 cells finished.**" in report
+    assert re.search(r"\| cat \(1L\) \| [0-9.]+ \| – \|", report)     # the lr grid marks the missing cell
+    results = json.loads((out / "results.json").read_text())
+    assert results["cells_total"] == 8 and len(results["cells"]) == 7
+    assert "Partial" not in (swept / "report.md").read_text()
 
 
 def test_interrupted_sweep_resumes_only_missing_cells(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
