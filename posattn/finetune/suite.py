@@ -247,6 +247,7 @@ def validate_config(raw: dict[str, Any]) -> Suite:
                             max_eval=caps["max_eval"], max_seq_len=max_len, glue_dir=glue_dir, init_from=source)
                 by_task[t, seed] = cell
                 cells.append(cell)
+    cells.sort(key=lambda c: c.seed)    # seed by seed: a sweep stopped part way has every row on its first seeds
     config = {"name": str(raw.get("name", DEFAULT_CONFIG)), "tasks": tasks, "seeds": seeds, "glue_dir": glue_dir,
               **caps, "max_seq_len": raw.get("max_seq_len"), "training": shared,
               "task_training": {t: v for t, v in overrides.items() if v}, "intermediate": intermediate,

@@ -172,7 +172,9 @@ class Cell:
 
 @dataclass(frozen=True)
 class Sweep:
-    """A validated config: the normalized settings and the cells they expand to."""
+    """A validated config: the normalized settings and the cells they expand to, seed by seed (all
+    cells of the first seed, then of the second, ...), so that a sweep stopped part way has every
+    model at every setting and learning rate on its first seeds rather than a few models on all."""
 
     name: str
     config: dict[str, Any]
@@ -346,7 +348,7 @@ def validate_config(raw: dict[str, Any]) -> Sweep:
                   examples=examples, data_seed=data_seed, label=s["label"], mechanisms=s["mechanisms"],
                   layers=s["layers"], d_model=d, **{k: s[k] for k in MODEL_DEFAULTS},
                   training=asdict(replace(base, lr=lr, seed=seed)))
-             for n, d, s, lr, seed in product(train_lengths, widths, specs, lrs, seeds)]
+             for seed, n, d, s, lr in product(seeds, train_lengths, widths, specs, lrs)]
     training = {k: v for k, v in asdict(base).items() if k != "seed"}
     config = {"name": str(raw.get("name", DEFAULT_CONFIG)), "task": task, "task_params": task_params,
               "vocab_size": vocab, "train_length": train_lengths,

@@ -115,6 +115,9 @@ def test_builtin_configs_are_valid(setup, name):
     raw.update(checkpoints=[str(a)], glue_dir=str(root / "glue"))
     suite = validate_config(raw)
     assert suite.cells and len({c.id for c in suite.cells}) == len(suite.cells)
+    seeds = [c.seed for c in suite.cells]      # seed by seed: a stopped sweep has every row on its first seeds
+    assert seeds == sorted(seeds) and len({(c.label, c.task) for c in suite.cells if c.seed == 0}) == \
+        len({(c.label, c.task) for c in suite.cells})
 
 
 def test_bad_task_file_fails_before_anything_is_written(setup, tmp_path):

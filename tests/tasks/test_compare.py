@@ -162,6 +162,14 @@ def test_help_documents_the_schema(capsys: pytest.CaptureFixture) -> None:
         assert needle in text
 
 
+def test_cells_run_seed_by_seed() -> None:
+    cells = validate_config({**TINY, "seeds": [0, 1]}).cells
+    first = cells[:len(cells) // 2]        # a sweep stopped half way has every model, width and lr on seed 0
+    assert [c.training["seed"] for c in cells] == [0] * len(first) + [1] * len(first)
+    assert {(c.label, c.d_model, c.training["lr"]) for c in first} == {(c.label, c.d_model, c.training["lr"])
+                                                                        for c in cells}
+
+
 def test_builtin_configs_are_valid() -> None:
     names = builtin_configs()
     assert "default" in names and len(names) >= 3
