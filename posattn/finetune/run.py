@@ -290,7 +290,9 @@ def finished_cell(cell: Cell, store: Path) -> dict | None:
     """The result of ``cell`` if it has finished, under this sweep's label and path (the id keys the
     checkpoint by content, so another sweep may have trained it), else None."""
     path = store / cell.id / "result.json"
-    return {**json.loads(path.read_text()), "label": cell.label, "checkpoint": cell.checkpoint} if path.exists() else None
+    if not path.exists():
+        return None
+    return {**json.loads(path.read_text()), "label": cell.label, "checkpoint": cell.checkpoint}
 
 
 def run_cell(cell: Cell, store: Path, device: str = "auto", progress: bool = True, keep_model: bool = False) -> dict:

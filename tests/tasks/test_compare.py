@@ -88,7 +88,8 @@ def test_report_of_the_cells_finished_so_far(swept: Path, tmp_path: Path, monkey
     for cell in sweep.cells:
         if cell is not gone:
             (out / "cells" / cell.id).mkdir(parents=True)
-            (out / "cells" / cell.id / "result.json").write_text((swept / "cells" / cell.id / "result.json").read_text())
+            result = (swept / "cells" / cell.id / "result.json").read_text()
+            (out / "cells" / cell.id / "result.json").write_text(result)
     assert cli.main(["compare", str(config), "--out", str(out), "--report", "--no-progress"]) == 0
     report = (out / "report.md").read_text()
     assert "**Partial: 7 of 8 cells finished.**" in report
