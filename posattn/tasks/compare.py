@@ -397,13 +397,23 @@ def _write_json(path: Path, obj: Any) -> None:
     os.replace(tmp, path)
 
 
+def _saved_result(cell: Cell, out: Path) -> dict | None:
+    path = out / "cells" / cell.id / "result.json"
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def _missing_lengths(result: dict | None, lengths: list[int]) -> list[int]:
+    """The test lengths ``result`` (None: a cell not trained yet) has no accuracy for."""
+    return [n for n in lengths if result is None or str(n) not in result["accuracy"]]
+
+
 def run_cell(cell: Cell, test_lengths: list[int], out: Path, device: str = "auto", progress: bool = True) -> dict:
     """Train (or resume) one cell, evaluate the test lengths it lacks, and return its result record."""
     folder = out / "cells" / cell.id
     result_path, model_dir = folder / "result.json", folder / "model"
     folder.mkdir(parents=True, exist_ok=True)
-    result = json.loads(result_path.read_text()) if result_path.exists() else None
-    missing = [n for n in test_lengths if result is None or str(n) not in result["accuracy"]]
+    result = _saved_result(cell, out)
+    missing = _missing_lengths(result, test_lengths)
     if not missing:
         return result
     tcfg = TrainConfig(**cell.training)
@@ -459,9 +469,8 @@ def _cell_job(job: tuple[Cell, list[int], str, str, bool], in_worker: bool) -> d
 
 def finished_cell(cell: Cell, lengths: list[int], out: Path) -> dict | None:
     """The result of ``cell`` if it is trained and scored at every length in ``lengths``, else None."""
-    path = out / "cells" / cell.id / "result.json"
-    result = json.loads(path.read_text()) if path.exists() else None
-    return result if result is not None and all(str(n) in result["accuracy"] for n in lengths) else None
+    result = _saved_result(cell, out)
+    return None if _missing_lengths(result, lengths) else result
 
 
 def run_sweep(sweep: Sweep, out: str | Path, workers: int = 1, device: str = "auto", threads: int | None = None,
