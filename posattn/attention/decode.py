@@ -21,7 +21,6 @@ terms needs no statement.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, Protocol
 
@@ -29,7 +28,7 @@ import torch
 from torch import Tensor
 
 from ..mechanisms.base import Context, Mechanism
-from .terms import Term
+from .reference import attend_rows
 
 if TYPE_CHECKING:
     from .layer import Attention
@@ -79,18 +78,6 @@ def blockers(mechanisms: list[Mechanism]) -> list[str]:
     return sorted({m.name for m in mechanisms if mode(m) is None})
 
 
-def attend_rows(q: Tensor, k: Tensor, v: Tensor, terms: list[Term], start: int) -> Tensor:
-    """softmax(q kᵀ/√d_h + terms) v for query rows start … n − 1 over keys 0 … n − 1 (causal)."""
-    n = k.shape[-2]
-    s = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
-    for t in terms:
-        s = s + t.rows(start, n)
-    if q.shape[-2] > 1:
-        rows = torch.arange(start, n, device=q.device)[:, None]
-        s = s.masked_fill(torch.arange(n, device=q.device)[None, :] > rows, float("-inf"))
-    return torch.softmax(s, -1) @ v
-
-
 @dataclass
 class Step:
     """What one layer needs to decode new rows: the whole-length context, the cache, its index."""
@@ -122,5 +109,6 @@ def step(attn: "Attention", x: Tensor, ctx_new: Context, ctx_all: Context, cache
         for mech in attn.mechanisms:
             q, k, v = mech.transform_qkv(q, k, v, ctx_new)
         k, v = cache.update(k, v, layer_idx)
-    o = attend_rows(q, k, v, attn.terms(q, k, ctx_all), start)
+    index = torch.arange(start, ctx_all.n, device=x.device)[None]
+    o = attend_rows(q, k, v, attn.terms(q, k, ctx_all), index, None, True)
     return attn.out(o.transpose(1, 2).reshape(b, m, -1))

@@ -10,6 +10,11 @@ structures of :mod:`.terms`, never a mechanism's name:
             | mixer.mix(q, k, v, terms, softmax) # or a mixer that replaces softmax(s)·V
     for m in mechanisms: o = m.transform_output(o, v)
     y       = merge(o) W_O
+
+With ``rows`` (the last layer of a model whose loss reads a few positions) only those query rows
+are attended and projected, O(m·n) for m rows (:func:`.reference.attend_rows`), when every
+mechanism of the layer builds its terms for chosen rows (the mechanisms that decode
+incrementally, :func:`.decode.mode`); otherwise the whole layer runs and the rows are taken after.
 """
 from __future__ import annotations
 
@@ -22,7 +27,8 @@ from torch import Tensor, nn
 from ..errors import PositionError
 from ..mechanisms.base import Context, Dims, Mechanism, Softmax
 from . import fast, reference
-from .terms import Term
+from .decode import blockers
+from .terms import Term, take_rows
 
 Path = Literal["reference", "fast"]
 PATHS: dict[str, object] = {"reference": reference.attend, "fast": fast.attend}
@@ -79,13 +85,21 @@ class Attention(nn.Module):
     def terms(self, q: Tensor, k: Tensor, ctx: Context) -> list[Term]:
         return [t for m in self.mechanisms for t in m.score_terms(q, k, ctx)]
 
-    def forward(self, x: Tensor, ctx: Context) -> Tensor:
+    def forward(self, x: Tensor, ctx: Context, rows: Tensor | None = None) -> Tensor:
+        """[b, n, d_model]; with ``rows`` ([b|1, m] positions) the output rows at those positions,
+        [b, m, d_model]."""
         q, k, v = self.project(x, ctx)
-        o = mix(list(self.mechanisms), q, k, v, ctx, self.path, self.dropout, self.training)
-        for m in self.mechanisms:
-            o = m.transform_output(o, v, ctx)
-        b, h, n, d = o.shape
-        return self.out(o.transpose(1, 2).reshape(b, n, h * d))
+        if rows is not None and rows.shape[-1] < ctx.n and not blockers(list(self.mechanisms)):
+            q = take_rows(q, rows)
+            o = reference.attend_rows(q, k, v, self.terms(q, k, ctx), rows, ctx.keep, ctx.causal,
+                                      self.dropout, self.training)
+        else:
+            o = mix(list(self.mechanisms), q, k, v, ctx, self.path, self.dropout, self.training)
+            for m in self.mechanisms:
+                o = m.transform_output(o, v, ctx)
+            o = o if rows is None else take_rows(o, rows)
+        b, h, m, d = o.shape
+        return self.out(o.transpose(1, 2).reshape(b, m, h * d))
 
     def scores(self, x: Tensor, ctx: Context) -> Tensor:
         """Pre-softmax scores [b, h, n, n] with every position term (reference form)."""

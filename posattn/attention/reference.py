@@ -3,6 +3,7 @@
     s_ij = q_i·k_j / √d_h + Σ_terms t_ij ;  p = softmax_j(s_ij masked) ;  o_i = Σ_j p_ij v_j
 
 Obviously correct and quadratic in memory; the fast path is tested equal to it.
+:func:`attend_rows` is the same for chosen query rows i only, O(m·n) for m rows.
 """
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import torch
 from torch import Tensor
 
 from .masking import allowed_mask
-from .terms import Term
+from .terms import Term, row_offsets
 
 
 def scores(q: Tensor, k: Tensor, terms: list[Term], scale: float | None = None) -> Tensor:
@@ -34,6 +35,26 @@ def attend(
     ok = allowed_mask(q.shape[-2], keep, causal, q.device)
     if ok is not None:
         s = s.masked_fill(~ok, float("-inf"))
+    p = torch.softmax(s, dim=-1)
+    p = torch.nn.functional.dropout(p, dropout, training)
+    return p @ v
+
+
+def attend_rows(
+    q: Tensor, k: Tensor, v: Tensor, terms: list[Term], index: Tensor, keep: Tensor | None, causal: bool,
+    dropout: float = 0.0, training: bool = False,
+) -> Tensor:
+    """Attention output [b, h, m, d_v] of the query rows ``index`` ([b|1, m] positions; q holds
+    those m rows) over all n keys: the rows of :func:`attend`, from an m×n score matrix."""
+    n = k.shape[-2]
+    s = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    for t in terms:
+        s = s + t.rows(index, n)
+    if causal or keep is not None:  # as allowed_mask: each query also sees itself
+        r = row_offsets(index, n)  # [b|1, m, n]
+        ok = (r <= 0) if causal else torch.ones_like(r, dtype=torch.bool)
+        ok = (ok if keep is None else ok & keep[:, None, :]) | (r == 0)
+        s = s.masked_fill(~ok[:, None], float("-inf"))
     p = torch.softmax(s, dim=-1)
     p = torch.nn.functional.dropout(p, dropout, training)
     return p @ v

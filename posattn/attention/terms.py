@@ -12,14 +12,20 @@ import torch
 from torch import Tensor
 
 
-def row_offsets(start: int, n: int, device: torch.device) -> Tensor:
-    """[n − start, n] offsets j − i of query rows start … n − 1 against keys 0 … n − 1."""
-    return torch.arange(n, device=device)[None, :] - torch.arange(start, n, device=device)[:, None]
+def row_offsets(index: Tensor, n: int) -> Tensor:
+    """[..., m, n] offsets j − i of the query rows i in ``index`` [..., m] against keys 0 … n − 1."""
+    return torch.arange(n, device=index.device) - index[..., None]
 
 
 def relative_index(n: int, device: torch.device) -> Tensor:
     """[n, n] index of r = j − i into a table over offsets −(n−1) … n−1 (entry r + n − 1)."""
-    return row_offsets(0, n, device) + (n - 1)
+    return row_offsets(torch.arange(n, device=device), n) + (n - 1)
+
+
+def take_rows(t: Tensor, index: Tensor) -> Tensor:
+    """Rows ``index`` [b|1, m] of t [b|1, ..., n, d] along its second-to-last dim: [b, ..., m, d]."""
+    shape = (index.shape[0], *([1] * (t.dim() - 3)), index.shape[1], 1)
+    return torch.take_along_dim(t, index.reshape(shape), dim=-2)
 
 
 def batch_free(t: Tensor) -> bool:
@@ -34,9 +40,11 @@ class Term:
         """The term as a broadcastable [b|1, h|1, n, n] tensor (reference path)."""
         raise NotImplementedError
 
-    def rows(self, start: int, n: int) -> Tensor:
-        """Rows start … n − 1 of the term built for length n, [b|1, h|1, n − start, n], in
-        O((n − start)·n) (cached decoding, :mod:`.decode`: one new row per token)."""
+    def rows(self, index: Tensor, n: int) -> Tensor:
+        """Query rows ``index`` ([b|1, m] positions, m < n or all n in order) of the term built
+        for length n, [b|1, h|1, m, n], in O(m·n): cached decoding's new rows (:mod:`.decode`),
+        or the rows a loss reads (:func:`posattn.attention.reference.attend_rows`). A tensor
+        made from the queries may hold all n rows or these m alone."""
         raise NotImplementedError
 
     def tensors(self) -> list[Tensor]:
@@ -88,8 +96,8 @@ class Toeplitz(Term):
     def dense(self, n: int) -> Tensor:
         return self.table[:, relative_index(n, self.table.device)].unsqueeze(0)
 
-    def rows(self, start: int, n: int) -> Tensor:
-        return self.table[:, row_offsets(start, n, self.table.device) + n - 1].unsqueeze(0)
+    def rows(self, index: Tensor, n: int) -> Tensor:
+        return self.table[:, row_offsets(index, n) + n - 1].movedim(0, 1)
 
     def tensors(self) -> list[Tensor]:
         return [self.table]
@@ -117,8 +125,8 @@ class LowRank(Term):
     def dense(self, n: int) -> Tensor:
         return self.u @ self.v.transpose(-1, -2)
 
-    def rows(self, start: int, n: int) -> Tensor:
-        u = self.u[..., start:, :] if self.u.shape[-2] == n else self.u
+    def rows(self, index: Tensor, n: int) -> Tensor:
+        u = take_rows(self.u, index) if self.u.shape[-2] == n else self.u
         return u @ self.v.transpose(-1, -2)
 
     def tensors(self) -> list[Tensor]:
@@ -152,10 +160,9 @@ class QueryRelative(Term):
     scale: float
     key_side: bool = False
 
-    def relative_embeddings(self, n: int, start: int = 0) -> Tensor:
-        """Shaw's explicit tensor a_ij = W[clip(·)] for query rows start … n − 1, [n − start, n, d]
-        or [h, n − start, n, d]."""
-        r = row_offsets(start, n, self.weight.device)
+    def relative_embeddings(self, n: int) -> Tensor:
+        """Shaw's explicit tensor a_ij = W[clip(·)], [n, n, d] or [h, n, n, d]."""
+        r = relative_index(n, self.weight.device) - (n - 1)
         r = -r if self.key_side else r
         return self.weight[..., r.clamp(-self.window, self.window) + self.window, :]
 
@@ -169,10 +176,18 @@ class QueryRelative(Term):
     def dense(self, n: int) -> Tensor:
         return self._contract(self.vec, self.relative_embeddings(n))
 
-    def rows(self, start: int, n: int) -> Tensor:
-        """``vec`` may hold every row (queries or keys) or, query-side, the new rows only."""
-        vec = self.vec if self.key_side or self.vec.shape[-2] == n - start else self.vec[..., start:, :]
-        return self._contract(vec, self.relative_embeddings(n, start))
+    def rows(self, index: Tensor, n: int) -> Tensor:
+        """Gathered from the products vec·W[r] of the chosen query rows (query side) or of every
+        key (key side), never Shaw's m×n×d tensor."""
+        r = row_offsets(index, n)  # [b|1, m, n]
+        if self.key_side:  # t_ij = prod[j, clip(i − j)]
+            prod = self.products().transpose(-1, -2)  # [b, h, 2w + 1, n]
+            idx = (-r).clamp(-self.window, self.window) + self.window
+            return prod.gather(-2, idx[:, None].expand(*prod.shape[:2], *idx.shape[1:]))
+        vec = take_rows(self.vec, index) if self.vec.shape[-2] == n else self.vec
+        prod = QueryRelative(vec, self.weight, self.window, self.scale).products()  # [b, h, m, 2w + 1]
+        idx = r.clamp(-self.window, self.window) + self.window
+        return prod.gather(-1, idx[:, None].expand(*prod.shape[:2], *idx.shape[1:]))
 
     def tensors(self) -> list[Tensor]:
         return [self.vec, self.weight]
@@ -211,8 +226,8 @@ class Dense(Term):
     def dense(self, n: int) -> Tensor:
         return self.bias
 
-    def rows(self, start: int, n: int) -> Tensor:
-        return self.bias[..., start:, :] if self.bias.shape[-2] == n else self.bias
+    def rows(self, index: Tensor, n: int) -> Tensor:
+        return take_rows(self.bias, index) if self.bias.shape[-2] == n else self.bias
 
     def tensors(self) -> list[Tensor]:
         return [self.bias]

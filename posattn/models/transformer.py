@@ -16,6 +16,7 @@ from torch import Tensor, nn
 
 from ..attention.decode import Cache, Step, blockers
 from ..attention.layer import Attention
+from ..attention.terms import take_rows
 from ..errors import PositionError
 from ..mechanisms import Context, Dims, Mechanism, build
 from .config import ModelConfig
@@ -47,13 +48,31 @@ class Block(nn.Module):
                                      nn.Linear(cfg.d_ff, cfg.d_model, bias=cfg.bias), nn.Dropout(cfg.dropout))
         self.drop = nn.Dropout(cfg.dropout)
 
-    def forward(self, x: Tensor, ctx: Context, cached: Step | None = None) -> Tensor:
-        """``cached``: x holds only new rows, which attend to the cache (:meth:`Decoder.decode`)."""
-        a = self.attn(self.ln1(x), ctx) if cached is None else cached.attend(self.attn, self.ln1(x), ctx)
+    def forward(self, x: Tensor, ctx: Context, cached: Step | None = None, rows: Tensor | None = None) -> Tensor:
+        """``cached``: x holds only new rows, which attend to the cache (:meth:`Decoder.decode`);
+        ``rows`` ([b|1, m] positions): only those rows come out, [b, m, d_model]."""
+        if cached is not None:
+            a = cached.attend(self.attn, self.ln1(x), ctx)
+        else:
+            a = self.attn(self.ln1(x), ctx, rows)
+            x = x if rows is None else take_rows(x, rows)
         x = x + self.drop(a)
         if self.mlp is not None:
             x = x + self.mlp(self.ln2(x))
         return x
+
+
+def scored_rows(scored: Tensor, shape: torch.Size) -> tuple[Tensor, Tensor]:
+    """The positions of the True entries of ``scored`` (bool [b, n]) as rows [b, m] in ascending
+    order, m the most in one batch row (shorter rows padded with unscored positions), and which
+    entries are real, ``valid`` [b, m]: ``x_rows[valid]`` is ``x[scored]``."""
+    if scored.shape != shape or scored.dtype != torch.bool:
+        raise PositionError(f"scored must be a bool tensor of the inputs' shape {tuple(shape)}, got "
+                            f"{scored.dtype} of shape {tuple(scored.shape)}")
+    counts = scored.sum(1)
+    m = int(counts.max()) if scored.numel() else 0
+    rows = torch.sort((~scored).to(torch.uint8), dim=1, stable=True).indices[:, :m]
+    return rows, torch.arange(m, device=scored.device) < counts[:, None]
 
 
 class Transformer(nn.Module):
@@ -123,13 +142,18 @@ class Transformer(nn.Module):
         return self.drop(x)
 
     def hidden(self, input_ids: Tensor, segment_ids: Tensor | None = None,
-               attention_mask: Tensor | None = None, positions: Tensor | None = None) -> Tensor:
-        """Final hidden states [b, n, d_model]."""
+               attention_mask: Tensor | None = None, positions: Tensor | None = None,
+               scored: Tensor | None = None) -> Tensor:
+        """Final hidden states [b, n, d_model]; with ``scored`` (bool [b, n]) only those rows,
+        [k, d_model], as ``hidden(...)[scored]``: the last block computes only the rows it
+        returns (a loss that reads 1 of 128 positions pays for one query row there)."""
         ctx = self.context(input_ids, segment_ids, attention_mask, positions)
         x = self.embed(input_ids, ctx)
-        for block in self.blocks:
-            x = block(x, ctx)
-        return self.norm(x)
+        rows, valid = (None, None) if scored is None else scored_rows(scored, input_ids.shape)
+        for i, block in enumerate(self.blocks):
+            x = block(x, ctx, rows=rows if i == len(self.blocks) - 1 else None)
+        x = self.norm(x)
+        return x if rows is None else x[valid]
 
     @torch.no_grad()
     def score_matrices(self, input_ids: Tensor, segment_ids: Tensor | None = None,
@@ -165,9 +189,9 @@ class Decoder(Transformer):
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None,
                 positions: Tensor | None = None, scored: Tensor | None = None) -> Tensor:
         """Logits [b, n, vocab]; with ``scored`` (bool [b, n]) only those rows, [k, vocab], as
-        ``logits[scored]`` but without the vocabulary product at the other positions."""
-        h = self.hidden(input_ids, None, attention_mask, positions)
-        return self.logits(h if scored is None else h[scored])
+        ``logits[scored]`` but without the vocabulary product, or the last layer's work, at the
+        other positions (:meth:`hidden`)."""
+        return self.logits(self.hidden(input_ids, None, attention_mask, positions, scored))
 
     def decode(self, input_ids: Tensor, cache: Cache) -> Tensor:
         """Logits [b, m, vocab] of ``input_ids`` [b, m] continuing the prefix held in ``cache``
@@ -210,8 +234,10 @@ class Encoder(Transformer):
         init_linear(self, cfg.init_std)
 
     def forward(self, input_ids: Tensor, segment_ids: Tensor | None = None,
-                attention_mask: Tensor | None = None, positions: Tensor | None = None) -> Tensor:
-        return self.hidden(input_ids, segment_ids, attention_mask, positions)
+                attention_mask: Tensor | None = None, positions: Tensor | None = None,
+                scored: Tensor | None = None) -> Tensor:
+        """Hidden states [b, n, d_model], or [k, d_model] at the ``scored`` rows (:meth:`hidden`)."""
+        return self.hidden(input_ids, segment_ids, attention_mask, positions, scored)
 
     def mlm_logits(self, h: Tensor) -> Tensor:
         """Masked-LM logits [b, n, vocab] (BERT head, decoder tied to the token embeddings)."""

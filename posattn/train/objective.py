@@ -14,16 +14,17 @@ from .data import IGNORE, Batch
 
 
 class MaskedLM(nn.Module):
-    """BERT's masked-LM loss; logits only at the scored positions (tied decoder + bias)."""
+    """BERT's masked-LM loss; the last layer and the logits only at the scored positions (tied
+    decoder + bias)."""
 
     def __init__(self, model: Encoder) -> None:
         super().__init__()
         self.model = model
 
     def forward(self, batch: Batch) -> tuple[Tensor, Tensor]:
-        h = self.model(batch.input_ids, batch.segment_ids, batch.attention_mask)
         keep = batch.labels != IGNORE
-        logits = self.model.mlm_logits(h[keep])
+        logits = self.model.mlm_logits(self.model(batch.input_ids, batch.segment_ids, batch.attention_mask,
+                                                  scored=keep))
         targets = batch.labels[keep]
         loss = F.cross_entropy(logits.float(), targets, reduction="sum")
         correct = (logits.argmax(-1) == targets).sum()

@@ -68,9 +68,9 @@ def test_term_rows_are_rows_of_the_dense_term():
              QueryRelative(q, torch.randn(3, 5, 5, generator=g), 2, 0.5, key_side=True),
              Dense(torch.randn(2, 3, n, n, generator=g))]
     for t in terms:
-        torch.testing.assert_close(t.rows(start, n), t.dense(n)[..., start:, :])
+        torch.testing.assert_close(t.rows(torch.arange(start, n)[None], n), t.dense(n)[..., start:, :])
     rows_only = QueryRelative(q[..., start:, :], terms[2].weight, 2, 0.5)  # q of the new rows only
-    torch.testing.assert_close(rows_only.rows(start, n), terms[2].dense(n)[..., start:, :])
+    torch.testing.assert_close(rows_only.rows(torch.arange(start, n)[None], n), terms[2].dense(n)[..., start:, :])
 
 
 def test_decoding_past_max_len_is_refused_for_absolute():
