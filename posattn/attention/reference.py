@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 
 from .masking import allowed_mask
-from .terms import Term, row_offsets
+from .terms import Term
 
 
 def scores(q: Tensor, k: Tensor, terms: list[Term], scale: float | None = None) -> Tensor:
@@ -50,11 +50,9 @@ def attend_rows(
     s = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
     for t in terms:
         s = s + t.rows(index, n)
-    if causal or keep is not None:  # as allowed_mask: each query also sees itself
-        r = row_offsets(index, n)  # [b|1, m, n]
-        ok = (r <= 0) if causal else torch.ones_like(r, dtype=torch.bool)
-        ok = (ok if keep is None else ok & keep[:, None, :]) | (r == 0)
-        s = s.masked_fill(~ok[:, None], float("-inf"))
+    ok = allowed_mask(n, keep, causal, q.device, index)
+    if ok is not None:
+        s = s.masked_fill(~ok, float("-inf"))
     p = torch.softmax(s, dim=-1)
     p = torch.nn.functional.dropout(p, dropout, training)
     return p @ v

@@ -6,7 +6,7 @@ Shapes: b batch, h heads, n length, d head dim. A leading size-1 dim broadcasts.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import Tensor
@@ -185,7 +185,7 @@ class QueryRelative(Term):
             idx = (-r).clamp(-self.window, self.window) + self.window
             return prod.gather(-2, idx[:, None].expand(*prod.shape[:2], *idx.shape[1:]))
         vec = take_rows(self.vec, index) if self.vec.shape[-2] == n else self.vec
-        prod = QueryRelative(vec, self.weight, self.window, self.scale).products()  # [b, h, m, 2w + 1]
+        prod = replace(self, vec=vec).products()  # [b, h, m, 2w + 1]
         idx = r.clamp(-self.window, self.window) + self.window
         return prod.gather(-1, idx[:, None].expand(*prod.shape[:2], *idx.shape[1:]))
 

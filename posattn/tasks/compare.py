@@ -397,8 +397,12 @@ def _write_json(path: Path, obj: Any) -> None:
     os.replace(tmp, path)
 
 
+def _cell_folder(cell: Cell, out: Path) -> Path:
+    return out / "cells" / cell.id
+
+
 def _saved_result(cell: Cell, out: Path) -> dict | None:
-    path = out / "cells" / cell.id / "result.json"
+    path = _cell_folder(cell, out) / "result.json"
     return json.loads(path.read_text()) if path.exists() else None
 
 
@@ -409,7 +413,7 @@ def _missing_lengths(result: dict | None, lengths: list[int]) -> list[int]:
 
 def run_cell(cell: Cell, test_lengths: list[int], out: Path, device: str = "auto", progress: bool = True) -> dict:
     """Train (or resume) one cell, evaluate the test lengths it lacks, and return its result record."""
-    folder = out / "cells" / cell.id
+    folder = _cell_folder(cell, out)
     result_path, model_dir = folder / "result.json", folder / "model"
     folder.mkdir(parents=True, exist_ok=True)
     result = _saved_result(cell, out)
