@@ -148,7 +148,7 @@ def predict(model: Encoder, task: Task, data: Encoded, batch_size: int, sort: bo
     out = np.zeros(len(data), dtype=np.float64 if task.regression else np.int64)
     for index in eval_batches(data.lengths(), batch_size, sort):
         ids, seg, mask, _ = data.batch(index, device)
-        logits = model.classify(model(ids, seg, mask))
+        logits = model.classify(ids, seg, mask)
         out[index] = (logits[:, 0] if task.regression else logits.argmax(-1)).cpu().numpy()
     model.train(was_training)
     return out
@@ -210,7 +210,7 @@ def finetune(model: Encoder, task: Task, train: Encoded, valid: Encoded, cfg: Fi
         ids, seg, mask, labels = train.batch(_batch_indices(len(train), cfg.batch_size, step, cfg.seed), device)
         for group in optimizer.param_groups:
             group["lr"] = cfg.lr_at(step, total)
-        loss = loss_fn(task, model.classify(model(ids, seg, mask)), labels)
+        loss = loss_fn(task, model.classify(ids, seg, mask), labels)
         if not torch.isfinite(loss):
             raise FloatingPointError(f"loss became {loss.item()} at step {step}; lower the learning rate")
         optimizer.zero_grad(set_to_none=True)

@@ -184,8 +184,7 @@ class PosattnForSequenceClassification(PosattnPreTrainedModel):
                 token_type_ids: Tensor | None = None, position_ids: Tensor | None = None,
                 labels: Tensor | None = None, **kwargs: Any) -> SequenceClassifierOutput:
         model: Encoder = self.posattn  # type: ignore[assignment]
-        keep = _keep(attention_mask)
-        logits = model.classify(model.hidden(input_ids, token_type_ids, keep, position_ids), keep)
+        logits = model.classify(input_ids, token_type_ids, _keep(attention_mask), position_ids)
         loss = None
         if labels is not None:
             loss = (F.mse_loss(logits.squeeze(-1), labels.float()) if self.config.num_labels == 1

@@ -48,18 +48,16 @@ VARIANTS: dict[str, tuple[str, int] | None] = {
 
 
 class Classifier(nn.Module):
-    """A transformers sequence classifier in ``posattn.finetune``'s model protocol:
-    ``model(ids, segments, mask)`` -> hidden states, ``model.classify(hidden)`` -> logits
-    (BERT's pooler, dropout and classifier, as ``BertForSequenceClassification`` computes them)."""
+    """A transformers sequence classifier in ``posattn.finetune``'s model protocol,
+    ``model.classify(ids, segments, mask)`` -> logits (BERT's pooler, dropout and classifier,
+    as ``BertForSequenceClassification`` computes them)."""
 
     def __init__(self, model: PreTrainedModel) -> None:
         super().__init__()
         self.hf = model
 
-    def forward(self, ids: Tensor, segments: Tensor, mask: Tensor) -> Tensor:
-        return self.hf.base_model(input_ids=ids, token_type_ids=segments, attention_mask=mask.long()).last_hidden_state
-
-    def classify(self, hidden: Tensor) -> Tensor:
+    def classify(self, ids: Tensor, segments: Tensor, mask: Tensor) -> Tensor:
+        hidden = self.hf.base_model(input_ids=ids, token_type_ids=segments, attention_mask=mask.long()).last_hidden_state
         return self.hf.classifier(self.hf.dropout(self.hf.base_model.pooler(hidden)))
 
 

@@ -243,11 +243,15 @@ class Encoder(Transformer):
         """Masked-LM logits [b, n, vocab] (BERT head, decoder tied to the token embeddings)."""
         return self.logits(self.mlm_transform(h)) + self.mlm_bias
 
-    def classify(self, h: Tensor, attention_mask: Tensor | None = None) -> Tensor:
-        """Sequence logits [b, n_classes] from the first token (BERT's [CLS] pooling)."""
+    def classify(self, input_ids: Tensor, segment_ids: Tensor | None = None,
+                 attention_mask: Tensor | None = None, positions: Tensor | None = None) -> Tensor:
+        """Sequence logits [b, n_classes] from the first token (BERT's [CLS] pooling):
+        ``classifier(pooler(hidden(...)[:, 0]))``, with the last block computing only that row."""
         if not self.cfg.n_classes:
             raise PositionError("classify: this encoder was built with n_classes = 0")
-        return self.classifier(self.pooler(h[:, 0]))
+        first = torch.zeros_like(input_ids, dtype=torch.bool)
+        first[:, 0] = True
+        return self.classifier(self.pooler(self.hidden(input_ids, segment_ids, attention_mask, positions, first)))
 
 
 MODEL_KINDS: dict[str, type[Transformer]] = {"encoder": Encoder, "decoder": Decoder}

@@ -157,7 +157,7 @@ def test_decoder_specific_refusals():
 def test_classify_without_classes():
     m = model(["none"])
     with pytest.raises(PositionError, match="n_classes = 0"):
-        m.classify(m(tokens(1, 4)))
+        m.classify(tokens(1, 4))
 
 
 def test_unknown_attention_path():

@@ -53,12 +53,12 @@ def test_none_model_is_exactly_at_chance_and_a_positional_one_is_not_blind(name)
     for seed in range(3):
         bag = classifier(["none"], seed=seed)
         ids, seg, mask, _ = data.batch(list(range(len(data))))
-        logits = bag.classify(bag(ids, seg, mask)).detach()
+        logits = bag.classify(ids, seg, mask).detach()
         assert torch.allclose(logits[::2], logits[1::2], atol=1e-5)       # blind to the order the task asks about
         assert np.mean(predict(bag, task, data, 7) == labels) == 0.5       # so exactly chance on the paired set
     positional = classifier(["absolute"])
     ids, seg, mask, _ = data.batch(list(range(len(data))))
-    logits = positional.classify(positional(ids, seg, mask)).detach()
+    logits = positional.classify(ids, seg, mask).detach()
     assert not torch.allclose(logits[::2], logits[1::2], atol=1e-5)
 
 

@@ -79,11 +79,11 @@ def build_model_none(seed=0):
 
 
 class Interrupt:
-    """Raise KeyboardInterrupt at the ``at``-th forward call."""
+    """Raise KeyboardInterrupt at the ``at``-th forward pass (counted at the token embedding)."""
 
     def __init__(self, model, at):
         self.calls, self.at = 0, at
-        model.register_forward_pre_hook(self.hook)
+        model.tokens.register_forward_pre_hook(self.hook)
 
     def hook(self, *_):
         self.calls += 1

@@ -22,7 +22,7 @@ def test_classifier_adapter_equals_the_transformers_head():
     mask[1, 5:] = False
     clf = Classifier(model)
     theirs = model(input_ids=ids, token_type_ids=seg, attention_mask=mask.long()).logits
-    torch.testing.assert_close(clf.classify(clf(ids, seg, mask)), theirs)
+    torch.testing.assert_close(clf.classify(ids, seg, mask), theirs)
     assert {id(p) for p in clf.parameters()} == {id(p) for p in model.parameters()}
 
 
