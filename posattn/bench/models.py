@@ -7,7 +7,11 @@ dropout 0.1 everywhere as in BERT pretraining). Pairs compared in the same run (
 
 - posattn :class:`~posattn.models.Encoder` with ``absolute``, MLM head (transform + decoder
   tied to the token embeddings + bias), cross-entropy on 15% of the positions, against
-  ``BertForMaskedLM`` (sdpa attention) with the same sizes, dropout, tied decoder and head;
+  ``BertForMaskedLM`` (sdpa attention) with the same sizes, dropout, tied decoder and head.
+  ``posattn_encoder`` computes what BERT computes (logits at every position);
+  ``posattn_mlm`` is the same model trained as ``posattn pretrain`` trains it
+  (:class:`~posattn.train.objective.MaskedLM`: the last block, the head and the logits only at
+  the masked positions), the same loss up to rounding for less work;
 - posattn :class:`~posattn.models.Decoder` with ``rope`` (all channels rotated, base 10⁴,
   tied embeddings), next-token loss, against ``GPTNeoXForCausalLM`` configured to match
   (sequential residual, rotary on every channel, GELU MLP with biases, tied embeddings) and
@@ -26,6 +30,8 @@ import torch
 import torch.nn.functional as F
 
 from ..models import Decoder, Encoder, ModelConfig
+from ..train.data import Batch
+from ..train.objective import MaskedLM
 from .cases import Case, CaseSpec, Sizes, record_paths
 
 MODEL_SIZES = Sizes(heads=4, head_dim=64, batch=32, vocab=30522, layers=12, d_ff=1024, dropout=0.1,
@@ -33,9 +39,9 @@ MODEL_SIZES = Sizes(heads=4, head_dim=64, batch=32, vocab=30522, layers=12, d_ff
 MODEL_LENGTHS = [128]
 MASK_FRACTION = 0.15
 # (posattn model, Hugging Face model it is compared with)
-PAIRS: list[tuple[str, str]] = [("posattn_encoder", "hf_bert"), ("posattn_decoder", "hf_gpt_neox"),
-                                ("posattn_decoder", "hf_llama")]
-DEFAULT_MECHANISMS = {"posattn_encoder": ["absolute"], "posattn_decoder": ["rope"]}
+PAIRS: list[tuple[str, str]] = [("posattn_encoder", "hf_bert"), ("posattn_mlm", "hf_bert"),
+                                ("posattn_decoder", "hf_gpt_neox"), ("posattn_decoder", "hf_llama")]
+DEFAULT_MECHANISMS = {"posattn_encoder": ["absolute"], "posattn_mlm": ["absolute"], "posattn_decoder": ["rope"]}
 
 Loss = Callable[[], torch.Tensor]
 
@@ -80,6 +86,9 @@ def _posattn(kind: str, mechanisms: list[Any], sizes: Sizes, n: int) -> tuple[to
     ids, labels = _batch(sizes, n, causal)
     if causal:
         labels = _next_tokens(labels)
+    if kind == "posattn_mlm":
+        objective, batch = MaskedLM(model), Batch(ids, labels, torch.zeros_like(ids), torch.ones_like(ids, dtype=torch.bool))
+        return model, lambda: objective(batch)[0] / (labels != -100).sum()
 
     def loss() -> torch.Tensor:
         logits = model(ids) if causal else model.mlm_logits(model(ids))

@@ -117,10 +117,11 @@ def test_models_against_hugging_face(tmp_path: Path, capsys: pytest.CaptureFixtu
     pytest.importorskip("transformers")
     rows = run_cli(tmp_path, "--models", "-n", "16", "--batch", "2", "--no-memory", "-m", "t5")
     names = {r["mechanism"] for r in rows}
-    assert {"posattn_encoder", "posattn_decoder", "hf_bert", "hf_gpt_neox", "hf_llama"} <= names
+    assert {"posattn_encoder", "posattn_mlm", "posattn_decoder", "hf_bert", "hf_gpt_neox", "hf_llama"} <= names
     assert {"posattn_encoder(t5)", "posattn_decoder(t5)"} <= names
     enc = next(r for r in rows if r["mechanism"] == "posattn_encoder")
     assert enc["tokens_per_s"] > 0 and enc["speed_vs_hf_bert"] > 0 and enc["dropout"] == 0.1
+    assert next(r for r in rows if r["mechanism"] == "posattn_mlm")["speed_vs_hf_bert"] > 0
     dec = next(r for r in rows if r["mechanism"] == "posattn_decoder(t5)")
     assert dec["speed_vs_hf_gpt_neox"] > 0 and "speed_vs_hf_bert" not in dec
     assert "speed ÷ BERT" in capsys.readouterr().out
@@ -141,6 +142,19 @@ def test_models_are_the_same_shape() -> None:
     d = sizes.d_model
     assert count["hf_bert"] - count["enc"] == 2 * d  # token types (2 × d) + embedding LN (2d) − final LN (2d)
     assert count["hf_gpt_neox"] == count["dec"]
+
+
+def test_pretraining_objective_case_has_the_full_cases_loss() -> None:
+    """posattn_mlm (the last block and logits at the masked rows only) computes the loss of
+    posattn_encoder (logits everywhere) for the same weights and batch."""
+    from posattn.bench.models import _posattn
+
+    sizes = Sizes(heads=2, head_dim=8, vocab=50, layers=2, d_ff=32, max_len=16, dropout=0.0)
+    losses = []
+    for kind in ("posattn_encoder", "posattn_mlm"):
+        torch.manual_seed(0)
+        losses.append(_posattn(kind, ["absolute"], sizes, 16)[1]())
+    torch.testing.assert_close(losses[0], losses[1])
 
 
 def test_relative_key_query_peer_skips_under_transformers_5(capsys: pytest.CaptureFixture[str]) -> None:
