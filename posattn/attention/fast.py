@@ -12,7 +12,9 @@ the term structures, the device and the length, never from a mechanism's name:
 - ``dense``: short inputs (n ≤ ``Policy.dense_max_n``; for Toeplitz tables that need a
   gradient n ≤ ``dense_grad_max_n``), non-CPU devices without FlexAttention,
   and dropout: every other term summed into one bias handed to SDPA (query-relative terms
-  gathered from q·Wᵀ, never Shaw's n×n×d tensor). Position-only biases that need no gradient
+  gathered from q·Wᵀ, never Shaw's n×n×d tensor). Under dropout on the CPU (and in ``sdpa``
+  there) the product softmax(s)·V is written out instead, its dropout from :mod:`.dropout` as in
+  the reference path (SDPA's CPU kernel falls back to its unfused math path under dropout anyway). Position-only biases that need no gradient
   (ALiBi; any table, and wide low-rank terms such as DIET-ABS's P_Q P_Kᵀ, at inference) come
   from a content-checked cache (:mod:`.cache`): built once per length, reused by every layer
   and batch.
@@ -57,6 +59,7 @@ from .banded import BandGeometry, banded_attention
 from .cache import POSITION_CACHE
 from .flash_bias import BiasGeometry, ChunkFn, flash_bias_attention, relative_chunk
 from .fused import fused_attention, kernel_inputs
+from .dropout import dropout, hashed
 from .masking import allowed_mask
 from .terms import Dense, LowRank, QueryRelative, Term, Toeplitz
 
@@ -291,12 +294,25 @@ def _sdpa(q: Tensor, k: Tensor, v: Tensor, low: list[LowRank], keep: Tensor | No
     if low:
         q, k, v = fold_low_rank(q, k, v, low, scale, policy.width_multiple)
         scale = 1.0
-    if keep is None:
-        o = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=causal, scale=scale)
-    else:
-        mask = allowed_mask(q.shape[-2], keep, causal, q.device)
-        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, scale=scale)
-    return o[..., :d_v]
+    mask = None if keep is None else allowed_mask(q.shape[-2], keep, causal, q.device)
+    return _softmax_product(q, k, v, mask, causal, scale, p)[..., :d_v]
+
+
+def _softmax_product(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool, scale: float,
+                     p: float) -> Tensor:
+    """SDPA with ``mask`` (bool, or a float bias with −inf where hidden; None: ``causal`` alone) and
+    dropout ``p``. Where :mod:`.dropout` draws the mask itself (the CPU), a dropout product is
+    written out, so that it drops through :func:`.dropout.dropout` as the reference path does;
+    PyTorch's CPU SDPA runs its unfused math path under dropout anyway."""
+    if p == 0.0 or not hashed(q):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, is_causal=causal and mask is None,
+                                              scale=scale)
+    if mask is None and causal:
+        mask = allowed_mask(q.shape[-2], None, True, q.device)
+    s = (q @ k.transpose(-1, -2)) * scale
+    if mask is not None:
+        s = s.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else s + mask
+    return dropout(torch.softmax(s, dim=-1), p, True) @ v
 
 
 def _dense(q: Tensor, k: Tensor, v: Tensor, low: list[LowRank], rest: list[Term], keep: Tensor | None,
@@ -326,11 +342,7 @@ def _dense(q: Tensor, k: Tensor, v: Tensor, low: list[LowRank], rest: list[Term]
     if ok is not None:
         bias = (torch.zeros(ok.shape, dtype=q.dtype, device=q.device) if bias is None else bias).masked_fill(
             ~ok, float("-inf"))
-    if bias is None:  # narrow low-rank terms only (dropout): folded, nothing to add
-        o = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=causal, scale=scale)
-        return o[..., :d_v]
-    o = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=p, scale=scale)
-    return o[..., :d_v]
+    return _softmax_product(q, k, v, bias, causal, scale, p)[..., :d_v]  # bias None: narrow low-rank terms only
 
 
 def _pad_to(x: Tensor, width: int) -> Tensor:

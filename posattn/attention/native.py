@@ -7,7 +7,7 @@ clipped relative term's (band sums of dS) needs dS in memory: about a dozen pass
 reduces dS into their gradients inside a flash-style forward and backward instead (its header
 explains how): :mod:`.flash_bias` uses its backward for tables, :mod:`.fused` both for tables and
 query/key-relative bands. ``csrc/depthwise_conv.cpp`` is the channels-last depthwise convolution
-of :mod:`posattn.mechanisms.conv`.
+of :mod:`posattn.mechanisms.conv`; ``csrc/dropout.cpp`` the counter-based dropout of :mod:`.dropout`.
 
 Needs a C++ compiler with OpenMP and a CPU with AVX2 (the kernels are compiled for it). Compiled
 once per machine into torch's extensions folder (``TORCH_EXTENSIONS_DIR``, about a minute on 2
@@ -31,7 +31,7 @@ import torch
 
 CSRC = Path(__file__).parent / "csrc"
 NAME = "posattn_native"
-SOURCES = [CSRC / name for name in ("module.cpp", "biased_attention.cpp", "depthwise_conv.cpp")]
+SOURCES = [CSRC / name for name in ("module.cpp", "biased_attention.cpp", "depthwise_conv.cpp", "dropout.cpp")]
 BLOCK = 256  # query rows per block of the attention kernels (backward at n = 512: 256 and 512 tie, 128 is 4% slower)
 FLAGS = ["-O3", "-fopenmp", "-mavx2", "-mfma", "-DCPU_CAPABILITY=AVX2", "-DCPU_CAPABILITY_AVX2"]
 

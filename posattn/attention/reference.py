@@ -12,6 +12,7 @@ import math
 import torch
 from torch import Tensor
 
+from .dropout import dropout as drop
 from .masking import allowed_mask
 from .terms import Term
 
@@ -36,7 +37,7 @@ def attend(
     if ok is not None:
         s = s.masked_fill(~ok, float("-inf"))
     p = torch.softmax(s, dim=-1)
-    p = torch.nn.functional.dropout(p, dropout, training)
+    p = drop(p, dropout, training)
     return p @ v
 
 
@@ -54,5 +55,5 @@ def attend_rows(
     if ok is not None:
         s = s.masked_fill(~ok, float("-inf"))
     p = torch.softmax(s, dim=-1)
-    p = torch.nn.functional.dropout(p, dropout, training)
+    p = drop(p, dropout, training)
     return p @ v

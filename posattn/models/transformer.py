@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..attention.decode import Cache, Step, blockers
+from ..attention.dropout import Dropout
 from ..attention.layer import Attention
 from ..attention.terms import take_rows
 from ..errors import PositionError
@@ -45,8 +46,8 @@ class Block(nn.Module):
         if cfg.d_ff:
             self.ln2 = nn.LayerNorm(cfg.d_model)
             self.mlp = nn.Sequential(nn.Linear(cfg.d_model, cfg.d_ff, bias=cfg.bias), nn.GELU(),
-                                     nn.Linear(cfg.d_ff, cfg.d_model, bias=cfg.bias), nn.Dropout(cfg.dropout))
-        self.drop = nn.Dropout(cfg.dropout)
+                                     nn.Linear(cfg.d_ff, cfg.d_model, bias=cfg.bias), Dropout(cfg.dropout))
+        self.drop = Dropout(cfg.dropout)
 
     def forward(self, x: Tensor, ctx: Context, cached: Step | None = None, rows: Tensor | None = None) -> Tensor:
         """``cached``: x holds only new rows, which attend to the cache (:meth:`Decoder.decode`);
@@ -91,7 +92,7 @@ class Transformer(nn.Module):
         self.input_mechanisms = nn.ModuleList(built.input)
         self.blocks = nn.ModuleList(Block(cfg, self.dims, mechs) for mechs in built.layers)
         self.norm = nn.LayerNorm(cfg.d_model)
-        self.drop = nn.Dropout(cfg.dropout)
+        self.drop = Dropout(cfg.dropout)
 
     def mechanisms(self) -> list[Mechanism]:
         """Every distinct mechanism instance (input-level and per layer)."""

@@ -23,6 +23,8 @@ std::vector<Tensor> biased_backward(Tensor q, Tensor k, Tensor v, std::optional<
 // depthwise_conv.cpp
 Tensor depthwise_forward(Tensor x, Tensor w, int64_t left);
 std::vector<Tensor> depthwise_backward(Tensor g, Tensor x, Tensor w, int64_t left);
+// dropout.cpp
+Tensor hash_dropout(Tensor x, double p, int64_t seed);
 
 // x must be a float32 CPU tensor with dim dimensions (the kernels' one input check).
 inline void check(const Tensor& x, const char* name, int64_t dim) {

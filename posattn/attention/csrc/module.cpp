@@ -6,4 +6,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("biased_backward", &biased_backward, "dq, dk, dv and the bias inputs' gradients");
   m.def("depthwise_forward", &depthwise_forward, "depthwise 1-d convolution of x [B, n, C] by w [C, K]");
   m.def("depthwise_backward", &depthwise_backward, "its gradients (dx, dw)");
+  m.def("hash_dropout", &hash_dropout, "x · keep / (1 − p), keep = hash(seed, i) ≥ p · 2³² (dropout.cpp)");
 }
