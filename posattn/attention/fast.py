@@ -14,10 +14,10 @@ the term structures, the device and the length, never from a mechanism's name:
   and dropout: every other term summed into one bias handed to SDPA (query-relative terms
   gathered from q·Wᵀ, never Shaw's n×n×d tensor). Under dropout on the CPU (and in ``sdpa``
   there) the product softmax(s)·V is written out instead, its dropout from :mod:`.dropout` as in
-  the reference path (SDPA's CPU kernel falls back to its unfused math path under dropout anyway). Position-only biases that need no gradient
-  (ALiBi; any table, and wide low-rank terms such as DIET-ABS's P_Q P_Kᵀ, at inference) come
-  from a content-checked cache (:mod:`.cache`): built once per length, reused by every layer
-  and batch.
+  the reference path (SDPA's CPU kernel falls back to its unfused math path under dropout
+  anyway). Position-only biases that need no gradient (ALiBi; any table, and wide low-rank
+  terms such as DIET-ABS's P_Q P_Kᵀ, at inference) come from a content-checked cache
+  (:mod:`.cache`): built once per length, reused by every layer and batch.
 - ``banded`` (CPU): every term is constant outside a window ±w, 2w+1 ≤ ``band_fraction``·n
   (clipped tables, query/key-relative terms): :mod:`.banded`, linear memory. Chosen for
   query/key-relative terms where ``fused`` is not (beyond ``fused_max_n``, or without the
@@ -57,9 +57,9 @@ from torch import Tensor
 from . import native
 from .banded import BandGeometry, banded_attention
 from .cache import POSITION_CACHE
+from .dropout import dropout, hashed
 from .flash_bias import BiasGeometry, ChunkFn, flash_bias_attention, relative_chunk
 from .fused import fused_attention, kernel_inputs
-from .dropout import dropout, hashed
 from .masking import allowed_mask
 from .terms import Dense, LowRank, QueryRelative, Term, Toeplitz
 
