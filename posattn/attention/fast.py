@@ -54,10 +54,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from . import native
+from . import native, reference
 from .banded import BandGeometry, banded_attention
 from .cache import POSITION_CACHE
-from .dropout import dropout, hashed
+from .dropout import hashed
 from .flash_bias import BiasGeometry, ChunkFn, flash_bias_attention, relative_chunk
 from .fused import fused_attention, kernel_inputs
 from .masking import allowed_mask
@@ -307,12 +307,12 @@ def _softmax_product(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causa
     if p == 0.0 or not hashed(q):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, is_causal=causal and mask is None,
                                               scale=scale)
-    if mask is None and causal:
-        mask = allowed_mask(q.shape[-2], None, True, q.device)
     s = (q @ k.transpose(-1, -2)) * scale
-    if mask is not None:
-        s = s.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else s + mask
-    return dropout(torch.softmax(s, dim=-1), p, True) @ v
+    if mask is None:
+        mask = allowed_mask(q.shape[-2], None, causal, q.device)  # None unless causal
+    elif mask.dtype != torch.bool:  # a float bias, −inf where hidden
+        s, mask = s + mask, None
+    return reference.weighted_values(s, mask, v, p, True)
 
 
 def _dense(q: Tensor, k: Tensor, v: Tensor, low: list[LowRank], rest: list[Term], keep: Tensor | None,

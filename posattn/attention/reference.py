@@ -32,13 +32,15 @@ def attend(
     dropout: float = 0.0, training: bool = False,
 ) -> Tensor:
     """Attention output [b, h, n, d_v] from the dense score matrix."""
-    s = scores(q, k, terms)
-    ok = allowed_mask(q.shape[-2], keep, causal, q.device)
+    return weighted_values(scores(q, k, terms), allowed_mask(q.shape[-2], keep, causal, q.device), v, dropout,
+                           training)
+
+
+def weighted_values(s: Tensor, ok: Tensor | None, v: Tensor, dropout: float = 0.0, training: bool = False) -> Tensor:
+    """softmax_j(s_ij, −inf where ``ok`` is False), dropped out (:mod:`.dropout`), times v."""
     if ok is not None:
         s = s.masked_fill(~ok, float("-inf"))
-    p = torch.softmax(s, dim=-1)
-    p = drop(p, dropout, training)
-    return p @ v
+    return drop(torch.softmax(s, dim=-1), dropout, training) @ v
 
 
 def attend_rows(
@@ -51,9 +53,4 @@ def attend_rows(
     s = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
     for t in terms:
         s = s + t.rows(index, n)
-    ok = allowed_mask(n, keep, causal, q.device, index)
-    if ok is not None:
-        s = s.masked_fill(~ok, float("-inf"))
-    p = torch.softmax(s, dim=-1)
-    p = drop(p, dropout, training)
-    return p @ v
+    return weighted_values(s, allowed_mask(n, keep, causal, q.device, index), v, dropout, training)
