@@ -32,6 +32,7 @@ from ..errors import PositionError
 from ..models import build_model, save
 from ..models.io import CONFIG, WEIGHTS, read_config
 from ..models.transformer import Encoder
+from .. import schedule
 from ..tasks.compare import _write_json
 from ..tasks.train import CHECKPOINT, _batch_indices, adamw, atomic_save, resolve_device, rng_state, set_rng_state
 from ..text.tokenizer import FILENAME as TOKENIZER, load_tokenizer
@@ -69,10 +70,7 @@ class FinetuneConfig:
 
     def lr_at(self, step: int, total: int) -> float:
         """Learning rate of optimizer step ``step`` (0-based): linear warmup, then linear decay to 0."""
-        warm = int(self.warmup * total)
-        if step < warm:
-            return self.lr * (step + 1) / warm
-        return self.lr * max(0.0, (total - step) / max(1, total - warm))
+        return self.lr * schedule.lr_factor(step, total, schedule.warmup_steps(self.warmup, total))
 
 
 def find_checkpoint(path: str | Path) -> Path:

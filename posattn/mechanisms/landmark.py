@@ -32,7 +32,6 @@ import math
 from typing import Literal
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..attention.terms import Term

@@ -18,7 +18,6 @@ summaries of the chunks before), O(n·(chunk + d)·d_v) time, O(n·d·d_v/chunk)
 """
 from __future__ import annotations
 
-import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 

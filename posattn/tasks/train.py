@@ -7,7 +7,6 @@ resumed from any checkpoint ends with the same weights as an uninterrupted one.
 
 from __future__ import annotations
 
-import math
 import os
 import time
 from dataclasses import asdict, dataclass, field
@@ -18,6 +17,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
+from posattn import schedule
 from posattn.tasks.generators import IGNORE, TaskData
 
 CHECKPOINT = "checkpoint.pt"
@@ -41,16 +41,11 @@ class TrainConfig:
 
     @property
     def warmup_steps(self) -> int:
-        return int(self.warmup * self.steps) if self.warmup < 1 else int(self.warmup)
+        return schedule.warmup_steps(self.warmup, self.steps)
 
     def lr_at(self, step: int) -> float:
         """Learning rate for optimizer step ``step`` (0-based): linear warmup, then cosine decay."""
-        warm = self.warmup_steps
-        if step < warm:
-            return self.lr * (step + 1) / warm
-        progress = (step - warm) / max(1, self.steps - warm)
-        cosine = 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
-        return self.lr * (self.min_lr_ratio + (1.0 - self.min_lr_ratio) * cosine)
+        return self.lr * schedule.lr_factor(step, self.steps, self.warmup_steps, "cosine", self.min_lr_ratio)
 
 
 @dataclass

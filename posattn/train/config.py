@@ -17,6 +17,7 @@ import yaml
 from ..errors import PositionError
 from ..mechanisms import Dims, validate
 from ..models.config import ModelConfig
+from .. import schedule
 
 OBJECTIVES = {"mlm": "encoder", "clm": "decoder"}
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
@@ -81,14 +82,11 @@ class PretrainConfig:
 
     @property
     def warmup_steps(self) -> int:
-        return int(self.warmup * self.steps) if self.warmup < 1 else int(self.warmup)
+        return schedule.warmup_steps(self.warmup, self.steps)
 
     def lr_factor(self, step: int) -> float:
         """Multiplier of ``lr`` at optimizer step ``step``: linear warmup, then linear decay to 0."""
-        warm = self.warmup_steps
-        if step < warm:
-            return (step + 1) / warm
-        return max(0.0, (self.steps - step) / max(1, self.steps - warm))
+        return schedule.lr_factor(step, self.steps, self.warmup_steps)
 
     def model_config(self, vocab_size: int) -> ModelConfig:
         """The model's config: preset sizes, then overrides, the vocabulary and the mechanisms."""
