@@ -21,6 +21,10 @@ the selection receive a gradient (the grouped softmax of Landmark Attention, Moh
 2023). Work per query: O(L/B) landmark scores + O((top_k + 1)·B) local attention; B defaults to
 the power of two nearest √max_len, which minimises L/B + B.
 
+Attention dropout (the layer's ``dropout``) drops the probabilities over the candidates. The
+two paths lay those out differently ([N', N'] against [N', (top_k + 1)·B]), so they draw
+different masks and agree only without dropout.
+
 Paths: ``reference`` materialises the same selection as a dense n×n mask (and bias) and runs
 one softmax over it; ``fast`` sorts the (query, chosen block) pairs by block so that each
 block's keys and values serve all the queries that chose it in one matmul: O(n·(L/B +
@@ -34,6 +38,8 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
+from ..attention.dropout import dropout
+from ..attention.reference import weighted_values
 from ..attention.terms import Term
 from ..errors import PositionError
 from .base import Context, Dims, Softmax
@@ -125,10 +131,10 @@ class LandmarkCAT(CAT):
         qs, ks, vs = slots.place(q), slots.place(k), slots.place(v)
         scores, chosen, ok = self.select(qs, ks, slots, ctx.causal)
         attend = self.dense if softmax.path == "reference" else self.grouped
-        return slots.take(attend(qs, ks, vs, scores, chosen, ok, slots, ctx.causal))
+        return slots.take(attend(qs, ks, vs, scores, chosen, ok, slots, ctx.causal, softmax))
 
     def dense(self, q: Tensor, k: Tensor, v: Tensor, scores: Tensor, chosen: Tensor, ok: Tensor,
-              slots: Slots, causal: bool) -> Tensor:
+              slots: Slots, causal: bool, softmax: Softmax) -> Tensor:
         """Reference: the selection as an N'×N' mask (and bias) over every slot; one softmax."""
         size, blk = q.shape[-2], self.block
         block_of = torch.arange(size, device=q.device) // blk
@@ -142,10 +148,10 @@ class LandmarkCAT(CAT):
         s = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
         if self.selection == "soft":
             s = s + picked * scores.gather(-1, block_of.expand(*scores.shape[:2], size, size))
-        return torch.softmax(s.masked_fill(~allowed, float("-inf")), -1) @ v
+        return weighted_values(s, allowed, v, softmax.dropout, softmax.training)
 
     def grouped(self, q: Tensor, k: Tensor, v: Tensor, scores: Tensor, chosen: Tensor, ok: Tensor,
-                slots: Slots, causal: bool) -> Tensor:
+                slots: Slots, causal: bool, softmax: Softmax) -> Tensor:
         """Fast: the (query, chosen block) pairs sorted by block, so each block's keys and values
         serve all the queries that chose it in one matmul (no per-query copies); the own block
         as one batched matmul; one softmax over the (top_k + 1)·B candidates of each query."""
@@ -178,7 +184,7 @@ class LandmarkCAT(CAT):
             own_ok = own_ok.tril()
         own_ok = own_ok | torch.eye(blk, dtype=torch.bool, device=q.device)
         s_own = s_own.masked_fill(~own_ok, float("-inf")).view(b, h, size, blk)
-        p = torch.softmax(torch.cat([s_sel, s_own], -1), -1)
+        p = dropout(torch.softmax(torch.cat([s_sel, s_own], -1), -1), softmax.dropout, softmax.training)
         p_sorted = p[..., : kk * blk].reshape(bh * size * kk, blk).index_select(0, order)
         o_sorted = torch.cat([part @ vb[g] for (g, _), part in
                               zip(groups, p_sorted.split([c for c in counts if c]))])

@@ -11,16 +11,19 @@ mixer is not inductive. Padded keys and values are zeroed before the projection.
 heads), ``kv`` (additionally E = F), ``layer`` (one E = F for every layer and head). Linformer
 mixes the whole sequence into each projected key, so it cannot be causal. DIET-ABS's P_Q, P_K
 are per head, rank ``rank`` (default d_h), per layer (shared by every layer with
-``sharing="layer"``): a position-only term added to the n×k scores.
+``sharing="layer"``): a position-only term added to the n×k scores. Attention dropout drops
+the n×k probabilities with posattn's masks (:mod:`posattn.attention.dropout`).
 """
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..attention.reference import weighted_values
 from ..attention.terms import Term
 from ..errors import PositionError
 from .base import Context, Dims, Mechanism, Softmax, max_len_check
@@ -79,8 +82,11 @@ class Linformer(Mechanism):
             softmax: Softmax) -> Tensor:
         kp = self.project(k, self.e, ctx)
         vp = self.project(v, self.e if self.f is None else self.f, ctx)
-        drop = softmax.dropout if softmax.training else 0.0
-        return F.scaled_dot_product_attention(q, kp, vp, attn_mask=self.bias(ctx, q.dtype), dropout_p=drop)
+        bias = self.bias(ctx, q.dtype)
+        if softmax.training and softmax.dropout > 0:  # posattn's dropout masks (attention/dropout.py)
+            s = q @ kp.transpose(-1, -2) / math.sqrt(q.shape[-1])
+            return weighted_values(s if bias is None else s + bias, None, vp, softmax.dropout, True)
+        return F.scaled_dot_product_attention(q, kp, vp, attn_mask=bias)
 
 
 @register("diet_abs_lin")

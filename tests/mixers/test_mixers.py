@@ -162,6 +162,39 @@ def test_landmark_hard_selection_picks_the_block_of_the_best_landmark():
         assert o[1] > 0.9 and o[3] > 0, o  # block 1 dominates; the own block is attended too
 
 
+@pytest.mark.parametrize("path", ["reference", "fast"])
+@pytest.mark.parametrize("spec,causal", [({"name": "linformer", "k": 8}, False),
+                                         ({"name": "landmark_cat", "block_size": 4}, False),
+                                         ({"name": "landmark_cat", "block_size": 4, "selection": "soft"}, True)],
+                         ids=["linformer", "landmark_cat", "landmark_cat-soft-decoder"])
+def test_attention_dropout_is_applied_reproducibly_and_unbiased(spec, causal, path):
+    """In training the mixers drop their attention probabilities: a seed fixes the mask, and
+    the mean over many masks is the output without dropout (within 5 standard errors)."""
+    from posattn.attention import reference
+    from posattn.mechanisms import build
+    from posattn.mechanisms.base import Context, Dims, Softmax
+
+    dims = Dims(8, 2, 4, 40, 1, causal)
+    mech = build([spec], dims).layers[0][0].double()
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 2, 16, 4, generator=g, dtype=torch.float64) for _ in range(3))
+    ctx = Context(positions=torch.arange(16)[None], segments=torch.zeros(1, 16, dtype=torch.long),
+                  keep=None, causal=causal)
+
+    def run(training: bool) -> torch.Tensor:
+        return mech.mix(q, k, v, [], ctx, Softmax(path, reference.attend, None, causal, 0.5, training))
+
+    clean = run(False)
+    torch.manual_seed(1)
+    first = run(True)
+    torch.manual_seed(1)
+    torch.testing.assert_close(run(True), first, rtol=0, atol=0)
+    assert (first - clean).abs().max() > 0.1
+    draws = torch.stack([run(True) for _ in range(400)])
+    error = (draws.mean(0) - clean).abs()
+    assert (error <= 5 * draws.std(0) / 20 + 1e-9).all(), error.max()
+
+
 # -- linear attention pieces -------------------------------------------------------------------
 
 @pytest.mark.parametrize("n,chunk", [(1, 4), (7, 3), (16, 4), (16, 16), (30, 64)])
