@@ -28,11 +28,11 @@ from safetensors.torch import load_file
 from torch import nn
 from tqdm.auto import tqdm
 
+from .. import schedule
 from ..errors import PositionError
 from ..models import build_model, save
 from ..models.io import CONFIG, WEIGHTS, read_config
 from ..models.transformer import Encoder
-from .. import schedule
 from ..tasks.compare import _write_json
 from ..tasks.train import CHECKPOINT, _batch_indices, adamw, atomic_save, resolve_device, rng_state, set_rng_state
 from ..text.tokenizer import FILENAME as TOKENIZER, load_tokenizer

@@ -14,10 +14,10 @@ from typing import Any
 
 import yaml
 
+from .. import schedule
 from ..errors import PositionError
 from ..mechanisms import Dims, validate
 from ..models.config import ModelConfig
-from .. import schedule
 
 OBJECTIVES = {"mlm": "encoder", "clm": "decoder"}
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
