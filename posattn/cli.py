@@ -27,8 +27,8 @@ def mechanisms_command(args: argparse.Namespace) -> None:
               "yes" if r["decoder"] else "no", r["paper"]]
              for r in rows]
     widths = [max(len(str(x)) for x in col) for col in zip(head, *table)]
-    kind = "decoder" if args.decoder else "encoder"
-    print(f"positional parameters for a {kind} with d_model={args.d_model}, heads={args.heads}, "
+    kind = "a decoder" if args.decoder else "an encoder"
+    print(f"positional parameters for {kind} with d_model={args.d_model}, heads={args.heads}, "
           f"layers={args.layers}, max_len={args.max_len}")
     for row in [head, ["-" * w for w in widths], *table]:
         print("  ".join(str(x).ljust(w) for x, w in zip(row, widths)).rstrip())
