@@ -94,7 +94,6 @@ def position_bias(mech, name: str, h: int, i: int, j: int, q: Tensor, k: Tensor,
     if name == "segment":
         return mech.table[h, segments[bidx, i], segments[bidx, j]]
     if name == "tupe":
-        d = mech.dims.d_model
         if mech.untie_cls and i == 0:
             return mech.theta[0, h]
         if mech.untie_cls and j == 0:

@@ -1,8 +1,6 @@
 """posattn mechanisms retrofitted into tiny random transformers encoders of each supported family."""
 from __future__ import annotations
 
-import copy
-
 import pytest
 import torch
 
