@@ -123,20 +123,42 @@ def rope_rotate(x: Tensor, positions: Tensor, theta: Tensor, mscale: float) -> T
     return out
 
 
+def heads(t: Tensor, H: int) -> Tensor:
+    """[b, n, H·dh] -> [b, H, n, dh]."""
+    b, n, d = t.shape
+    return t.reshape(b, n, H, d // H).permute(0, 2, 1, 3)
+
+
+def merge(t: Tensor) -> Tensor:
+    """[b, H, n, dh] -> [b, n, H·dh]."""
+    b, H, n, dh = t.shape
+    return t.permute(0, 2, 1, 3).reshape(b, n, H * dh)
+
+
+def project_qkv(attn, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """q, k, v [b, H, n, dh] from the layer's joint projection, one slice of it each."""
+    d, H = x.shape[-1], attn.dims.n_heads
+    W, bias = attn.qkv.weight, attn.qkv.bias
+    q, k, v = (heads(x @ W[i * d:(i + 1) * d].T + bias[i * d:(i + 1) * d], H) for i in range(3))
+    return q, k, v
+
+
+def cat_filters(mech, q: Tensor, k: Tensor, v: Tensor, causal: bool,
+                keep: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
+    """CAT's convolutions along the sequence on whichever of q, k, v the mechanism filters."""
+    new = {"q": q, "k": k, "v": v}
+    for t, w in mech.filters.items():
+        new[t] = heads(conv_along(merge(new[t]), w, causal, keep), q.shape[1])
+    return new["q"], new["k"], new["v"]
+
+
 def slow_layer(attn, x: Tensor, keep: Tensor | None, causal: bool, segments: Tensor,
                positions: Tensor) -> Tensor:
     """The attention layer's output [b, n, d_model], from its parameters and the formulas."""
     b, n, d = x.shape
     H = attn.dims.n_heads
     dh = d // H
-    W, bias = attn.qkv.weight, attn.qkv.bias
-
-    def heads(t: Tensor) -> Tensor:  # [b, n, H·dh] -> [b, H, n, dh]
-        return t.reshape(b, n, H, dh).permute(0, 2, 1, 3)
-
-    q = heads(x @ W[:d].T + bias[:d])
-    k = heads(x @ W[d:2 * d].T + bias[d:2 * d])
-    v = heads(x @ W[2 * d:].T + bias[2 * d:])
+    q, k, v = project_qkv(attn, x)
     scale = 1.0 / math.sqrt(dh)
     names = [m.name for m in attn.mechanisms]
     assert set(names) <= COVERED, f"no slow formula for {set(names) - COVERED}"
@@ -147,11 +169,7 @@ def slow_layer(attn, x: Tensor, keep: Tensor | None, causal: bool, segments: Ten
         elif mech.name == "tupe":
             scale = 1.0 / math.sqrt(2 * dh)
         elif mech.name == "cat":
-            new = {"q": q, "k": k, "v": v}
-            for t, w in mech.filters.items():
-                flat = new[t].permute(0, 2, 1, 3).reshape(b, n, d)
-                new[t] = heads(conv_along(flat, w, causal, keep))
-            q, k, v = new["q"], new["k"], new["v"]
+            q, k, v = cat_filters(mech, q, k, v, causal, keep)
             if mech.qk_norm:
                 q = q / q.norm(dim=-1, keepdim=True) * mech.log_temperature.exp()
                 k = k / k.norm(dim=-1, keepdim=True)
@@ -181,10 +199,8 @@ def slow_layer(attn, x: Tensor, keep: Tensor | None, causal: bool, segments: Ten
                 o[bi, h, i] = sum(p[j] * v[bi, h, j] for j in range(n))
     if "depthwise_conv" in names:
         mech = attn.mechanisms[names.index("depthwise_conv")]
-        flat_v = v.permute(0, 2, 1, 3).reshape(b, n, d)
-        o = o + heads(conv_along(flat_v, mech.weight, causal, keep))
-    merged = o.permute(0, 2, 1, 3).reshape(b, n, d)
-    return merged @ attn.out.weight.T + attn.out.bias
+        o = o + heads(conv_along(merge(v), mech.weight, causal, keep), H)
+    return merge(o) @ attn.out.weight.T + attn.out.bias
 
 
 def sinusoid_ref(pos: int, d: int, base: float = 10000.0) -> list[float]:

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from core.slow import conv_along  # tests/ is on sys.path (pytest's rootdir layout)
+from core.slow import cat_filters, conv_along, merge, project_qkv  # tests/ is on sys.path (pytest's rootdir layout)
 
 COVERED = {"convbert", "linformer", "diet_abs_lin", "lincat", "landmark_cat"}
 
@@ -25,7 +25,7 @@ def _allowed(keep: Tensor | None, bi: int, j: int) -> bool:
 def convbert(mech, q, k, v, x, keep, causal) -> Tensor:
     b, H, n, dh = q.shape
     d, half, heads, K = H * dh, mech.half, mech.heads, mech.kernel_size
-    flat = [t.permute(0, 2, 1, 3).reshape(b, n, d) for t in (q, k, v)]
+    flat = [merge(t) for t in (q, k, v)]
     hs = half // heads
     qa, ka, va, u = flat[0][..., :half], flat[1][..., :half], flat[2][..., :half], flat[2][..., half:]
     key_conv = conv_along(x, mech.depthwise, causal, keep) @ mech.pointwise.weight.T + mech.pointwise.bias
@@ -123,20 +123,9 @@ def landmark_cat(mech, q, k, v, keep, causal, positions) -> Tensor:
 def slow_mixer_layer(attn, x: Tensor, keep: Tensor | None, causal: bool, positions: Tensor) -> Tensor:
     """The layer's output [b, n, d_model] for a layer whose one mechanism is a mixer."""
     (mech,) = attn.mechanisms
-    b, n, d = x.shape
-    H = attn.dims.n_heads
-    dh = d // H
-    W, bias = attn.qkv.weight, attn.qkv.bias
-
-    def heads(t: Tensor) -> Tensor:  # [b, n, H·dh] -> [b, H, n, dh]
-        return t.reshape(b, n, H, dh).permute(0, 2, 1, 3)
-
-    q, k, v = (heads(x @ W[i * d:(i + 1) * d].T + bias[i * d:(i + 1) * d]) for i in range(3))
+    q, k, v = project_qkv(attn, x)
     if mech.name in ("lincat", "landmark_cat"):  # CAT's filters first
-        new = {"q": q, "k": k, "v": v}
-        for t, w in mech.filters.items():
-            new[t] = heads(conv_along(new[t].permute(0, 2, 1, 3).reshape(b, n, d), w, causal, keep))
-        q, k, v = new["q"], new["k"], new["v"]
+        q, k, v = cat_filters(mech, q, k, v, causal, keep)
     if mech.name == "convbert":
         merged = convbert(mech, q, k, v, x, keep, causal)
     else:
@@ -146,5 +135,5 @@ def slow_mixer_layer(attn, x: Tensor, keep: Tensor | None, causal: bool, positio
             o = lincat(q, k, v, keep, causal)
         else:
             o = landmark_cat(mech, q, k, v, keep, causal, positions)
-        merged = o.permute(0, 2, 1, 3).reshape(b, n, d)
+        merged = merge(o)
     return merged @ attn.out.weight.T + attn.out.bias
