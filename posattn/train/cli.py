@@ -74,8 +74,9 @@ def pretrain_command(args: argparse.Namespace) -> None:
     out = Path(args.out or f"runs/pretrain-{name}")
     if args.workers < 1:
         raise PositionError(f"--workers must be >= 1, got {args.workers}")
-    results = run_recipe(name, runs, out, device=args.device, progress=not args.no_progress, workers=args.workers)
-    if len(results) > 1:
+    results = run_recipe(name, runs, out, device=args.device, progress=not args.no_progress, workers=args.workers,
+                         only=args.runs)
+    if (out / "report.md").exists():
         print((out / "report.md").read_text())
     else:
         r = results[0]
@@ -132,6 +133,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--corpus", help="corpus folder (default: default)")
     p.add_argument("--precision", choices=["auto", "fp32", "bf16", "fp16"])
     p.add_argument("--device", default="auto", help="auto (CUDA if available), cpu, cuda")
+    p.add_argument("--runs", nargs="+", metavar="LABEL",
+                   help="train only these runs of a recipe (their labels); the recipe's report.md covers "
+                        "every finished run, so a recipe can be trained in parts")
     p.add_argument("--workers", type=int, default=1, help="runs of a recipe trained at once (processes; default 1)")
     p.add_argument("--threads", type=int, default=1, help=THREADS_HELP)
     p.add_argument("--no-progress", action="store_true")

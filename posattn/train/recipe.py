@@ -10,10 +10,11 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
+from ..errors import PositionError
 from ..parallel import run_jobs
 from .config import PretrainConfig
 from .plots import plot_recipe
-from .pretrain import METRICS, pretrain
+from .pretrain import METRICS, RESULT, pretrain
 
 
 def _run_job(job: tuple[PretrainConfig, Path, str, bool], in_worker: bool) -> dict[str, Any]:
@@ -22,20 +23,30 @@ def _run_job(job: tuple[PretrainConfig, Path, str, bool], in_worker: bool) -> di
 
 
 def run_recipe(name: str, runs: list[tuple[str, PretrainConfig]], out: str | Path, *, device: str = "auto",
-               progress: bool = True, workers: int = 1) -> list[dict[str, Any]]:
-    """Train every ``(label, config)`` into ``out/label``; write the recipe's summary into ``out``.
+               progress: bool = True, workers: int = 1, only: list[str] | None = None) -> list[dict[str, Any]]:
+    """Train every ``(label, config)`` into ``out/label`` (with ``only``, just those labels); write
+    the recipe's summary of every finished run into ``out``; return the results of the runs trained.
 
     ``workers`` > 1 trains that many runs at once in separate processes (useful on a GPU, where
-    one small model leaves most of the device idle)."""
-    out = Path(out)
-    if len(runs) == 1 and runs[0][0] == name:
+    one small model leaves most of the device idle). ``only`` splits a recipe across sessions or
+    machines: each trains some runs, and the summary grows as they finish."""
+    out, single = Path(out), len(runs) == 1 and runs[0][0] == name
+    if only is not None:
+        unknown = sorted(set(only) - {label for label, _ in runs})
+        if single or unknown:
+            raise PositionError(f"--runs picks runs of a recipe; {name!r} is a single run" if single else
+                                f"--runs: no run labelled {', '.join(unknown)} in recipe {name!r}; "
+                                f"its runs: {', '.join(label for label, _ in runs)}")
+    if single:
         return [pretrain(runs[0][1], out, device=device, progress=progress)]
-    jobs = [(cfg, out / label, device, progress) for label, cfg in runs]
-    done = list(tqdm(run_jobs(_run_job, jobs, [f"run {label}" for label, _ in runs], workers),
+    runs_now = [(label, cfg) for label, cfg in runs if only is None or label in only]
+    jobs = [(cfg, out / label, device, progress) for label, cfg in runs_now]
+    done = list(tqdm(run_jobs(_run_job, jobs, [f"run {label}" for label, _ in runs_now], workers),
                      total=len(jobs), desc=f"recipe {name}", disable=not progress or workers <= 1))
-    results = [{"label": label, **r} for (label, _), r in zip(runs, done)]
-    write_summary(name, results, out)
-    return results
+    finished = [{"label": label, **json.loads((out / label / RESULT).read_text())}
+                for label, _ in runs if (out / label / RESULT).exists()]
+    write_summary(name, finished, out)
+    return [{"label": label, **r} for (label, _), r in zip(runs_now, done)]
 
 
 def write_summary(name: str, results: list[dict[str, Any]], out: Path) -> None:

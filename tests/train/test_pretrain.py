@@ -129,3 +129,21 @@ def test_a_recipe_in_two_worker_processes_equals_one_run_after_another(corpus, t
         a, b = read_weights(tmp_path / "serial" / label), read_weights(tmp_path / "both" / label)
         assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert (tmp_path / "both" / "report.md").exists()
+
+
+def test_a_recipe_trained_in_parts_reports_every_finished_run(corpus, tmp_path):
+    """``posattn pretrain RECIPE --runs LABEL...``: only those runs train; the summary grows."""
+    from posattn.train.recipe import run_recipe
+
+    runs = [("abs", parse(tiny(corpus))), ("rope", parse(tiny(corpus, mechanisms=["rope"])))]
+    first = run_recipe("r", runs, tmp_path, progress=False, only=["rope"])
+    assert [r["label"] for r in first] == ["rope"] and not (tmp_path / "abs").exists()
+    assert json.loads((tmp_path / "results.json").read_text())[0]["label"] == "rope"
+    run_recipe("r", runs, tmp_path, progress=False, only=["abs"])
+    summary = json.loads((tmp_path / "results.json").read_text())
+    assert [r["label"] for r in summary] == ["abs", "rope"]  # the recipe's order, both finished
+    assert summary[1]["valid_loss"] == first[0]["valid_loss"]
+    with pytest.raises(PositionError, match="no run labelled t5 in recipe 'r'; its runs: abs, rope"):
+        run_recipe("r", runs, tmp_path, progress=False, only=["t5", "abs"])
+    with pytest.raises(PositionError, match="is a single run"):
+        run_recipe("one", [("one", parse(tiny(corpus)))], tmp_path / "one", progress=False, only=["one"])
