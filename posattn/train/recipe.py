@@ -31,12 +31,12 @@ def run_recipe(name: str, runs: list[tuple[str, PretrainConfig]], out: str | Pat
     one small model leaves most of the device idle). ``only`` splits a recipe across sessions or
     machines: each trains some runs, and the summary grows as they finish."""
     out, single = Path(out), len(runs) == 1 and runs[0][0] == name
-    if only is not None:
-        unknown = sorted(set(only) - {label for label, _ in runs})
-        if single or unknown:
-            raise PositionError(f"--runs picks runs of a recipe; {name!r} is a single run" if single else
-                                f"--runs: no run labelled {', '.join(unknown)} in recipe {name!r}; "
-                                f"its runs: {', '.join(label for label, _ in runs)}")
+    unknown = sorted(set(only or ()) - {label for label, _ in runs})
+    if only is not None and single:
+        raise PositionError(f"--runs picks runs of a recipe; {name!r} is a single run")
+    if unknown:
+        raise PositionError(f"--runs: no run labelled {', '.join(unknown)} in recipe {name!r}; "
+                            f"its runs: {', '.join(label for label, _ in runs)}")
     if single:
         return [pretrain(runs[0][1], out, device=device, progress=progress)]
     runs_now = [(label, cfg) for label, cfg in runs if only is None or label in only]
