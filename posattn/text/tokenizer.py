@@ -39,7 +39,13 @@ def train_tokenizer(texts: Iterable[str], kind: str = "wordpiece", vocab_size: i
 
     WordPiece follows BERT (BERT normaliser with lower-casing and accent stripping, BERT
     pre-tokeniser, ``##`` continuation); Unigram follows SentencePiece (lower-casing, ``▁`` word
-    boundaries), as Chang et al.'s uncased SentencePiece tokenizer."""
+    boundaries), as Chang et al.'s uncased SentencePiece tokenizer.
+
+    The WordPiece trainer numbers continuation tokens (``##x``) in hash-map order, a different
+    order in every process (huggingface/tokenizers#1794), so the same texts gave the same
+    vocabulary under different ids, hence different token files and corpus fingerprints. The ids
+    are therefore renumbered canonically: the special tokens 0-4, then the rest sorted. WordPiece
+    encodes by longest match, so the ids change nothing else."""
     if kind not in KINDS:
         raise PositionError(f"tokenizer kind must be one of {', '.join(KINDS)}, got {kind!r}")
     if vocab_size < len(SPECIALS) + 26:
@@ -58,6 +64,10 @@ def train_tokenizer(texts: Iterable[str], kind: str = "wordpiece", vocab_size: i
         trainer = trainers.UnigramTrainer(vocab_size=vocab_size, special_tokens=list(SPECIALS), unk_token="[UNK]",
                                           show_progress=False)
     tok.train_from_iterator(texts, trainer)
+    if kind == "wordpiece":
+        vocab = tok.get_vocab()
+        order = [*SPECIALS, *sorted(set(vocab) - set(SPECIALS))]
+        tok.model = models.WordPiece({t: i for i, t in enumerate(order)}, unk_token="[UNK]")
     return tok
 
 

@@ -14,7 +14,7 @@ from ..errors import PositionError
 from ..parallel import run_jobs
 from .config import PretrainConfig
 from .plots import plot_recipe
-from .pretrain import METRICS, RESULT, pretrain
+from .pretrain import METRICS, RESULT, World, pretrain, resolve_corpus
 
 
 def _run_job(job: tuple[PretrainConfig, Path, str, bool], in_worker: bool) -> dict[str, Any]:
@@ -41,6 +41,8 @@ def run_recipe(name: str, runs: list[tuple[str, PretrainConfig]], out: str | Pat
         return [pretrain(runs[0][1], out, device=device, progress=progress)]
     runs_now = [(label, cfg) for label, cfg in runs if only is None or label in only]
     jobs = [(cfg, out / label, device, progress) for label, cfg in runs_now]
+    if workers > 1 and any(cfg.corpus == "default" for _, cfg in runs_now):
+        resolve_corpus("default", World())  # once, here: workers building it at once replaced each other's
     done = list(tqdm(run_jobs(_run_job, jobs, [f"run {label}" for label, _ in runs_now], workers),
                      total=len(jobs), desc=f"recipe {name}", disable=not progress or workers <= 1))
     finished = [{"label": label, **json.loads((out / label / RESULT).read_text())}

@@ -122,3 +122,23 @@ def test_corpus_command(tmp_path, capsys):
     assert meta["splits"]["train"]["documents"] > meta["splits"]["valid"]["documents"] > 0
     assert main(["corpus", "--files", str(tmp_path / "nothing"), "--out", str(tmp_path / "d")]) == 2
     assert "no such file or folder" in capsys.readouterr().err
+
+
+def test_wordpiece_ids_do_not_depend_on_the_process(tmp_path):
+    """The trainer numbers ``##`` tokens in a per-process hash order (each process here has its own);
+    one vocabulary must always get the same ids. (On count ties the trainer can also pick another
+    merge, so on this small corpus the vocabulary itself may differ between processes.)"""
+    import subprocess
+    import sys
+    texts = tmp_path / "texts.json"
+    texts.write_text(json.dumps([d.text for d in make_documents(60)]))
+    script = ("import json, sys; from posattn.text.tokenizer import train_tokenizer; "
+              "print(json.dumps(train_tokenizer(json.load(open(sys.argv[1])), vocab_size=120).get_vocab()))")
+    by_vocabulary: dict[frozenset, list[dict]] = {}
+    for _ in range(4):
+        out = subprocess.run([sys.executable, "-c", script, str(texts)], capture_output=True, text=True, check=True)
+        ids = json.loads(out.stdout)
+        by_vocabulary.setdefault(frozenset(ids), []).append(ids)
+    assert all(ids == runs[0] for runs in by_vocabulary.values() for ids in runs)
+    assert all(runs[0][name] == i for runs in by_vocabulary.values()
+               for i, name in enumerate(("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")))

@@ -11,7 +11,7 @@ from posattn.models.io import load
 from posattn.train.config import PretrainConfigError, load as load_config, parse
 from posattn.train.pretrain import CHECKPOINT, pretrain
 
-from .conftest import read_weights, tiny
+from .conftest import make_documents, read_weights, tiny
 
 
 class Interrupt(Exception):
@@ -129,6 +129,25 @@ def test_a_recipe_in_two_worker_processes_equals_one_run_after_another(corpus, t
         a, b = read_weights(tmp_path / "serial" / label), read_weights(tmp_path / "both" / label)
         assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert (tmp_path / "both" / "report.md").exists()
+
+
+def test_recipe_workers_share_one_default_corpus(corpus, tmp_path, monkeypatch):
+    """The default corpus is built once, before the workers start: three workers each building it
+    trained three runs on three corpora that replaced each other in one folder."""
+    from posattn.text.corpus import open_corpus
+    from posattn.text.sources import split_of
+    from posattn.train import pretrain as pretrain_module
+    from posattn.train.recipe import run_recipe
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(pretrain_module, "load_documents", lambda: make_documents(60))  # this process only
+    cfg = {**tiny(corpus), "corpus": "default", "steps": 2, "eval_every": 2, "checkpoint_every": 2}
+    run_recipe("r", [("abs", parse(cfg)), ("t5", parse({**cfg, "mechanisms": ["t5"]}))], tmp_path / "out",
+               progress=False, workers=2)
+    built = open_corpus(pretrain_module.DEFAULT_CORPUS)
+    assert built.meta["splits"]["train"]["documents"] == sum(split_of(d) == "train" for d in make_documents(60))
+    for label in ("abs", "t5"):
+        assert json.loads((tmp_path / "out" / label / "pretrain.json").read_text())["corpus_fingerprint"] == built.fingerprint
 
 
 def test_a_recipe_trained_in_parts_reports_every_finished_run(corpus, tmp_path):
