@@ -1,4 +1,4 @@
-"""``posattn analyze {toeplitz,profiles,fit-tisa,rank,kernels}``: each writes PNG figures and a JSON
+"""``posattn analyze {toeplitz,profiles,fit-tisa,rank,kernels,order-probe}``: each writes PNG figures and a JSON
 report to ``--out`` (default ``runs/analysis/<command>/<model>``); ``--json`` also prints the JSON.
 
 MODEL is a posattn checkpoint folder, a Hugging Face checkpoint folder, or ``minilm`` / ``mpnet``
@@ -74,6 +74,20 @@ def _kernels(args: argparse.Namespace) -> None:
     _finish(args, reports.kernels(args.model, out, args.positions, args.half_width), out)
 
 
+def _order_probe(args: argparse.Namespace) -> None:
+    from .order_probe import order_probe
+    names = [Path(m).name for m in args.models]
+    out = Path(args.out) if args.out else Path("runs") / "analysis" / "order-probe" / "_".join(names)
+    rep = order_probe(args.models, out, args.tasks, args.max_pairs, progress=not args.no_progress)
+    if args.json:
+        print(json.dumps(rep, indent=1))
+        return
+    print(f"wrote {out}/ (order_probe.png, order_probe.json)")
+    for name, r in rep["models"].items():
+        print(f"  {name}: " + ", ".join(f"{t} {v['accuracy']:.3f} ± {v['stderr']:.3f} ({v['pairs']} pairs)"
+                                       for t, v in r["tasks"].items()))
+
+
 def _common(p: argparse.ArgumentParser, func: Callable[[argparse.Namespace], None], model: bool = True) -> None:
     if model:
         p.add_argument("model", help="posattn or Hugging Face checkpoint folder, or minilm / mpnet")
@@ -83,7 +97,7 @@ def _common(p: argparse.ArgumentParser, func: Callable[[argparse.Namespace], Non
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    """Add ``analyze`` with its five sub-commands to the ``posattn`` command line."""
+    """Add ``analyze`` with its six sub-commands to the ``posattn`` command line."""
     a = subparsers.add_parser("analyze", help="look inside models: Toeplitzness, F̂_P, TISA fit, rank, kernels",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = a.add_subparsers(dest="analysis", required=True)
@@ -135,3 +149,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     k.add_argument("--positions", type=int, default=64, help="sequence length n used to tabulate (default 64)")
     k.add_argument("--half-width", type=int, help="offsets shown in the offset plots (default n − 1)")
     _common(k, _kernels)
+
+    o = sub.add_parser("order-probe", help="zero-shot: does the MLM prefer the true order of the position tasks? "
+                                           "(pseudo-log-likelihood, Salazar et al. 2020)")
+    o.add_argument("models", nargs="+", help="posattn masked-LM checkpoints (pretrain run or model folders)")
+    o.add_argument("--tasks", nargs="+", help="position tasks (default: word_order sentence_order same_order)")
+    o.add_argument("--max-pairs", type=int, default=500, help="pairs per task from its test split (default 500)")
+    o.add_argument("--no-progress", action="store_true")
+    _common(o, _order_probe, model=False)

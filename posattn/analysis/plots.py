@@ -143,3 +143,21 @@ def rank_figure(series: dict[str, NDArray], bound: int | None, title: str, path:
     ax.set_title(title, fontsize=9)
     ax.legend(fontsize=7, loc="lower right")
     return _save(fig, path)
+
+
+def order_probe_figure(results: dict, tasks: list[str], path: Path) -> Path:
+    """Zero-shot order-probe accuracy (± 1 s.e.) per model and position task, chance at 0.5."""
+    fig, ax = plt.subplots(figsize=(1.2 + 1.6 * len(tasks) * max(1, len(results)) / 3, 3.6))
+    width = 0.8 / max(len(results), 1)
+    for i, (label, r) in enumerate(results.items()):
+        acc = [r["tasks"][t]["accuracy"] for t in tasks]
+        err = [r["tasks"][t]["stderr"] for t in tasks]
+        ax.bar(np.arange(len(tasks)) + (i - (len(results) - 1) / 2) * width, acc, width=width, yerr=err,
+               capsize=2, label=label)
+    ax.axhline(0.5, color="black", ls="--", lw=1, label="chance")
+    ax.set_xticks(np.arange(len(tasks)), tasks)
+    ax.set_ylim(0, 1)
+    ax.set_ylabel("pairs where PLL(true order) is higher")
+    ax.set_title("zero-shot order probe (masked-LM pseudo-log-likelihood)", fontsize=9)
+    ax.legend(fontsize=7, loc="lower right", ncol=2)
+    return _save(fig, path)
