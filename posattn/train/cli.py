@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import gc
 from pathlib import Path
 
 import torch
@@ -60,6 +61,18 @@ def corpus_command(args: argparse.Namespace) -> None:
     print(f"vocabulary {corpus.vocab_size:,}; corpus in {args.out}/")
 
 
+def leave_process_group() -> None:
+    """Under torchrun: free the last collectives' work and stop gloo's threads while Python still runs.
+
+    Otherwise a gloo worker thread could drop its last finished work (which holds tensors) during
+    interpreter shutdown; its destructor then waits for the GIL, the thread is killed and the
+    process aborts ("terminate called without an active exception") after all its work is written."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        gc.collect()
+        torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
+
+
 def pretrain_command(args: argparse.Namespace) -> None:
     set_threads(args.threads)
     name, runs = load(args.config)
@@ -74,8 +87,11 @@ def pretrain_command(args: argparse.Namespace) -> None:
     out = Path(args.out or f"runs/pretrain-{name}")
     if args.workers < 1:
         raise PositionError(f"--workers must be >= 1, got {args.workers}")
-    results = run_recipe(name, runs, out, device=args.device, progress=not args.no_progress, workers=args.workers,
-                         only=args.runs)
+    try:
+        results = run_recipe(name, runs, out, device=args.device, progress=not args.no_progress,
+                             workers=args.workers, only=args.runs)
+    finally:
+        leave_process_group()
     if (out / "report.md").exists():
         print((out / "report.md").read_text())
     else:
