@@ -147,7 +147,7 @@ def rank_figure(series: dict[str, NDArray], bound: int | None, title: str, path:
 
 def order_probe_figure(results: dict, tasks: list[str], path: Path) -> Path:
     """Zero-shot order-probe accuracy (± 1 s.e.) per model and position task, chance at 0.5."""
-    fig, ax = plt.subplots(figsize=(1.2 + 1.6 * len(tasks) * max(1, len(results)) / 3, 3.6))
+    fig, ax = plt.subplots(figsize=(max(5.5, 1.5 + 0.45 * len(tasks) * len(results)), 3.6))
     width = 0.8 / max(len(results), 1)
     for i, (label, r) in enumerate(results.items()):
         acc = [r["tasks"][t]["accuracy"] for t in tasks]
