@@ -32,6 +32,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from ..errors import PositionError
+from ..heap import RELEASE_EVERY, release_freed_memory
 from ..models.io import save
 from ..models.transformer import MODEL_KINDS, Transformer
 from ..text.corpus import Corpus, build_corpus, open_corpus
@@ -328,6 +329,8 @@ def pretrain(cfg: PretrainConfig, out: str | Path, *, device: str = "auto", prog
             world.barrier()
         if step % cfg.checkpoint_every == 0 or step == cfg.steps:
             checkpoint()
+        if step % RELEASE_EVERY == 0:
+            release_freed_memory()  # without it the heap fragments to gigabytes (posattn.heap)
         if on_step is not None:
             on_step(step)
         window_start = window_start if window_count else time.perf_counter()

@@ -55,3 +55,28 @@ def test_opt_out_and_children(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("GLIBC_TUNABLES", "glibc.malloc.arena_max=2")  # the user's own: kept
     heap.keep_freed_memory()
     assert heap.child_environment()["GLIBC_TUNABLES"] == "glibc.malloc.arena_max=2"
+
+
+FRAGMENT = """
+import json, sys, torch
+from posattn import heap
+heap.keep_freed_memory()
+def rss():
+    return int(open("/proc/self/statm").read().split()[1]) * 4096
+blocks = [torch.empty((1 << 20) * (4 + i % 7)).fill_(1.0) for i in range(60)]  # ~1.4 GB, sizes vary
+keep = blocks[::6]  # live blocks spread over the heap pin it: the holes between them stay resident
+del blocks
+before = rss()
+released = heap.release_freed_memory()
+print(json.dumps({"released": released, "before": before, "after": rss(), "live": sum(b.nbytes for b in keep)}))
+"""
+
+
+@glibc
+def test_release_gives_the_holes_of_a_kept_heap_back() -> None:
+    out = subprocess.run([sys.executable, "-c", FRAGMENT], capture_output=True, text=True, check=True,
+                         env=heap.child_environment())
+    r = json.loads(out.stdout)
+    assert r["released"]
+    assert r["before"] > r["live"] + (800 << 20)      # kept: the freed blocks are still resident
+    assert r["after"] < r["live"] + (400 << 20)       # released: about the live blocks (and the interpreter) remain
