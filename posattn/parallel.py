@@ -5,16 +5,20 @@ runs its jobs through :func:`run_jobs`, so they share one rule for threads and f
 worker gets an equal share of this process's torch threads unless told otherwise, and an
 exception in a worker reaches the caller as a :class:`~posattn.errors.CellError` that names the
 job and carries the worker's traceback as text (some exceptions, such as a compiler error
-holding a module, cannot be pickled back at all).
+holding a module, cannot be pickled back at all). A worker killed outright (by the OS for lack
+of memory, or a signal) raises a CellError naming the jobs left unfinished; a
+``multiprocessing.Pool`` waited for it forever.
 """
 from __future__ import annotations
 
 import multiprocessing
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures.process import BrokenProcessPool
 from typing import Callable, Iterator, Sequence, TypeVar
 
 import torch
 
-from .errors import cell_failure
+from .errors import CellError, cell_failure
 
 J = TypeVar("J")
 R = TypeVar("R")
@@ -50,6 +54,16 @@ def run_jobs(fn: Callable[[J, bool], R], jobs: Sequence[J], labels: Sequence[str
             yield fn(job, False)
         return
     share = threads or max(1, torch.get_num_threads() // workers)
-    with multiprocessing.get_context("spawn").Pool(workers) as pool:
-        run = pool.imap if ordered else pool.imap_unordered
-        yield from run(_in_worker, [(fn, job, label, share) for job, label in zip(jobs, labels)])
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        futures = {pool.submit(_in_worker, (fn, job, label, share)): label for job, label in zip(jobs, labels)}
+        try:
+            for future in (futures if ordered else as_completed(futures)):
+                yield future.result()
+        except BrokenProcessPool:
+            left = [label for f, label in futures.items() if not f.done() or f.exception() is not None]
+            raise CellError(f"a worker process died (killed by the OS, e.g. for lack of memory, or by a signal) "
+                            f"with {len(left)} job(s) unfinished: {', '.join(left)}; rerun the command to resume "
+                            f"(finished cells are kept), with fewer workers if memory ran out") from None
+        finally:
+            for f in futures:
+                f.cancel()

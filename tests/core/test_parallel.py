@@ -53,3 +53,18 @@ def test_a_failed_worker_job_reaches_the_parent_readably():
 def test_labels_must_match_the_jobs():
     with pytest.raises(ValueError, match="2 jobs but 1 labels"):
         list(parallel.run_jobs(describe, [1, 2], ["a"]))
+
+
+def die(job: int, in_worker: bool) -> int:
+    import os
+    import signal
+    import time
+    if job == 2:
+        os.kill(os.getpid(), signal.SIGKILL)   # as the OOM killer does
+    time.sleep(0.5 * job)
+    return job
+
+
+def test_a_killed_worker_raises_instead_of_hanging():
+    with pytest.raises(CellError, match=r"worker process died .* unfinished: .*b"):
+        list(parallel.run_jobs(die, [1, 2, 3], ["a", "b", "c"], workers=2))
