@@ -275,6 +275,7 @@ def run_suite(suite: Suite, out: str | Path, workers: int = 1, device: str = "au
         results = [r for c in suite.cells if (r := finished_cell(c, store)) is not None]
         if not results:
             raise ConfigError(f"{store}: no finished cells of suite {suite.name!r} to report yet")
+        out.mkdir(parents=True, exist_ok=True)
         _write_summary(suite, results, out, time.perf_counter() - start)
         return results
     for key in {(c.task, c.glue_dir, c.max_train, c.max_eval) for c in suite.cells}:

@@ -150,6 +150,9 @@ def test_sweeps_naming_one_cell_store_share_finished_cells(setup, tmp_path, monk
     assert trained == ["absolute sst2 seed 0", "fixed_conv sst2 seed 0"]     # the second sweep reused a's cell
     second = json.loads((tmp_path / "second" / "results.json").read_text())["cells"]
     assert [c["label"] for c in second] == ["absolute", "fixed_conv"] and not (tmp_path / "second" / "cells").exists()
+    # a report of the shared cells into a folder no sweep has written yet
+    finetune("--config", str(tmp_path / "second.yaml"), "--out", str(tmp_path / "report"), "--report")
+    assert json.loads((tmp_path / "report" / "results.json").read_text())["cells"] == second
 
 
 def test_report_judges_the_configs_claims(setup, tmp_path):
