@@ -54,16 +54,24 @@ def run_jobs(fn: Callable[[J, bool], R], jobs: Sequence[J], labels: Sequence[str
             yield fn(job, False)
         return
     share = threads or max(1, torch.get_num_threads() // workers)
-    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
-        futures = {pool.submit(_in_worker, (fn, job, label, share)): label for job, label in zip(jobs, labels)}
-        try:
-            for future in (futures if ordered else as_completed(futures)):
-                yield future.result()
-        except BrokenProcessPool:
-            left = [label for f, label in futures.items() if not f.done() or f.exception() is not None]
-            raise CellError(f"a worker process died (killed by the OS, e.g. for lack of memory, or by a signal) "
-                            f"with {len(left)} job(s) unfinished: {', '.join(left)}; rerun the command to resume "
-                            f"(finished cells are kept), with fewer workers if memory ran out") from None
-        finally:
-            for f in futures:
-                f.cancel()
+    pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"))
+    futures = {pool.submit(_in_worker, (fn, job, label, share)): label for job, label in zip(jobs, labels)}
+    try:
+        for future in (futures if ordered else as_completed(futures)):
+            yield future.result()
+    except BrokenProcessPool:
+        left = [label for f, label in futures.items() if not f.done() or f.exception() is not None]
+        raise CellError(f"a worker process died (killed by the OS, e.g. for lack of memory, or by a signal) "
+                        f"with {len(left)} job(s) unfinished: {', '.join(left)}; rerun the command to resume "
+                        f"(finished cells are kept), with fewer workers if memory ran out") from None
+    finally:
+        _terminate(pool)
+
+
+def _terminate(pool: ProcessPoolExecutor) -> None:
+    """End the pool now, running jobs included (as ``multiprocessing.Pool.terminate``): a failed job
+    must not wait for its siblings, which may run for an hour. ``shutdown`` alone would wait."""
+    processes = list((getattr(pool, "_processes", None) or {}).values())  # shutdown forgets them
+    pool.shutdown(wait=False, cancel_futures=True)
+    for process in processes:
+        process.terminate()
