@@ -48,14 +48,15 @@ def set_threads(threads: int) -> None:
 
 
 def corpus_command(args: argparse.Namespace) -> None:
-    docs = load_documents(args.sources) if args.sources or not (args.files or args.hf_dataset) else []
+    sources = args.sources or ([] if args.files or args.hf_dataset else list(DEFAULT_SOURCES))
+    docs = load_documents(sources)
     if args.files:
         docs += files(args.files)
     if args.hf_dataset:
         docs += saved_dataset(args.hf_dataset, args.hf_column, args.hf_split)
     tokenizer = None if args.tokenizer in KINDS else args.tokenizer
     kind = args.tokenizer if args.tokenizer in KINDS else "wordpiece"
-    corpus = build_corpus(docs, args.out, tokenizer, kind, args.vocab_size, description=" ".join(args.sources or []))
+    corpus = build_corpus(docs, args.out, tokenizer, kind, args.vocab_size, description=" + ".join(sources))
     for split, sizes in corpus.meta["splits"].items():
         print(f"{split:6s} {sizes['documents']:6,} documents {sizes['sentences']:8,} sentences {sizes['tokens']:10,} tokens")
     print(f"vocabulary {corpus.vocab_size:,}; corpus in {args.out}/")

@@ -124,6 +124,19 @@ def test_corpus_command(tmp_path, capsys):
     assert "no such file or folder" in capsys.readouterr().err
 
 
+def test_corpus_command_defaults_to_the_builtin_sources(tmp_path, monkeypatch):
+    """``posattn corpus`` with no source option builds the default sources (it crashed on None)."""
+    from posattn.cli import main
+    from posattn.text.sources import BUILTIN, DEFAULT_SOURCES, Document
+    for i, name in enumerate(DEFAULT_SOURCES):
+        docs = [Document(name, d.id, d.text) for d in make_documents(60, seed=i)]
+        monkeypatch.setitem(BUILTIN, name, lambda docs=docs: docs)
+    assert main(["corpus", "--vocab-size", "64", "--out", str(tmp_path / "c")]) == 0
+    meta = json.loads((tmp_path / "c" / "meta.json").read_text())
+    assert meta["sources"] == sorted(DEFAULT_SOURCES)
+    assert meta["description"] == " + ".join(DEFAULT_SOURCES)
+
+
 def test_wordpiece_ids_do_not_depend_on_the_process(tmp_path):
     """The trainer numbers ``##`` tokens in a per-process hash order (each process here has its own);
     one vocabulary must always get the same ids. (On count ties the trainer can also pick another
