@@ -61,16 +61,21 @@ def run_jobs(fn: Callable[[J, bool], R], jobs: Sequence[J], labels: Sequence[str
             yield future.result()
     except BrokenProcessPool:
         left = [label for f, label in futures.items() if not f.done() or f.exception() is not None]
+        _terminate(pool)
         raise CellError(f"a worker process died (killed by the OS, e.g. for lack of memory, or by a signal) "
                         f"with {len(left)} job(s) unfinished: {', '.join(left)}; rerun the command to resume "
                         f"(finished cells are kept), with fewer workers if memory ran out") from None
-    finally:
+    except BaseException:  # a failed job, or the caller stopped iterating: end the running siblings now
         _terminate(pool)
+        raise
+    pool.shutdown()  # all jobs done: let the idle workers exit, running their finalizers
 
 
 def _terminate(pool: ProcessPoolExecutor) -> None:
     """End the pool now, running jobs included (as ``multiprocessing.Pool.terminate``): a failed job
-    must not wait for its siblings, which may run for an hour. ``shutdown`` alone would wait."""
+    must not wait for its siblings, which may run for an hour. ``shutdown`` alone would wait.
+    Only for errors: a terminated worker skips its exit finalizers, so semaphores it made (tqdm's
+    lock, for one) leak, and Python warns about them at exit."""
     processes = list((getattr(pool, "_processes", None) or {}).values())  # shutdown forgets them
     pool.shutdown(wait=False, cancel_futures=True)
     for process in processes:

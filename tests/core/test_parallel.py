@@ -1,5 +1,7 @@
 """posattn.parallel.run_jobs: one rule for every sweep command's worker processes."""
 import pickle
+import subprocess
+import sys
 import types
 
 import pytest
@@ -68,3 +70,24 @@ def die(job: int, in_worker: bool) -> int:
 def test_a_killed_worker_raises_instead_of_hanging():
     with pytest.raises(CellError, match=r"worker process died .* unfinished: .*b"):
         list(parallel.run_jobs(die, [1, 2, 3], ["a", "b", "c"], workers=2))
+
+
+FINISHING_SCRIPT = """
+import multiprocessing
+from posattn.parallel import run_jobs
+KEEP = []
+def lock(job, in_worker):
+    KEEP.append(multiprocessing.Lock())  # as tqdm's write lock in a worker that shows a bar
+    return job
+if __name__ == "__main__":
+    assert list(run_jobs(lock, [1, 2, 3], ["a", "b", "c"], workers=2)) == [1, 2, 3]
+"""
+
+
+def test_workers_of_a_finished_sweep_exit_cleanly(tmp_path):
+    """Terminated workers skip their exit finalizers: their semaphores leaked, and every recipe
+    ended with "resource_tracker: There appear to be N leaked semaphore objects"."""
+    (tmp_path / "jobs.py").write_text(FINISHING_SCRIPT)
+    done = subprocess.run([sys.executable, str(tmp_path / "jobs.py")], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "leaked" not in done.stderr
