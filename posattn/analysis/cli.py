@@ -75,8 +75,8 @@ def _kernels(args: argparse.Namespace) -> None:
 
 
 def _order_probe(args: argparse.Namespace) -> None:
-    from .order_probe import order_probe
-    names = [Path(m).name for m in args.models]
+    from .order_probe import default_label, order_probe
+    names = [default_label(m) for m in args.models]
     out = Path(args.out) if args.out else Path("runs") / "analysis" / "order-probe" / "_".join(names)
     rep = order_probe(args.models, out, args.tasks, args.max_pairs, progress=not args.no_progress)
     if args.json:

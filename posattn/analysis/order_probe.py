@@ -97,6 +97,12 @@ def probe(model: Encoder, tok: Tokenizer, task: Task, examples: list[Example], m
             "dropped_too_long": len(pairs) - n}
 
 
+def default_label(checkpoint: str | Path) -> str:
+    """A checkpoint's name: its run folder's (``runs/pretrain-x/composite/model`` -> ``composite``)."""
+    folder = Path(checkpoint)
+    return folder.parent.name if folder.name == MODEL_DIR else folder.name
+
+
 def order_probe(checkpoints: list[str | Path], out: Path, tasks: list[str] | None = None, max_pairs: int = 500,
                 labels: list[str] | None = None, progress: bool = True) -> dict[str, Any]:
     """Probe each checkpoint on the test split of each position task, capped to ``max_pairs`` pairs as
@@ -111,7 +117,7 @@ def order_probe(checkpoints: list[str | Path], out: Path, tasks: list[str] | Non
     folders = [find_checkpoint(c) for c in checkpoints]
     for folder in folders:
         check_encoder(folder)
-    labels = labels or [f.parent.name if f.name == MODEL_DIR else f.name for f in folders]
+    labels = labels or [default_label(f) for f in folders]
     if len(set(labels)) != len(labels):
         raise PositionError(f"order probe: two checkpoints share a label ({', '.join(labels)}); give one folder each")
     splits = {t: cap(t, load_offline(t).test["test"], 2 * max_pairs) for t in tasks}

@@ -3,6 +3,7 @@ a model without positions ties every pair (exactly chance), and bad input is ref
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -96,3 +97,10 @@ def test_command_probes_the_real_held_out_pairs(tmp_path, capsys):
     assert all(r["accuracy"] == 0.5 for r in report["models"]["bag"]["tasks"].values())
     assert "bag: word_order 0.500" in capsys.readouterr().out
     assert np.isfinite(report["models"]["abs"]["tasks"]["word_order"]["mean_delta_per_token"])
+
+
+def test_checkpoints_are_named_by_their_run_folder():
+    """Labels, and the default output folder of `posattn analyze order-probe`, name the run, never `model`."""
+    from posattn.analysis.order_probe import default_label
+    assert default_label("runs/pretrain-chang_mlm/composite/model") == "composite"
+    assert default_label(Path("runs/pretrain-chang_mlm/composite")) == "composite"
