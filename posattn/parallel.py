@@ -7,11 +7,15 @@ exception in a worker reaches the caller as a :class:`~posattn.errors.CellError`
 job and carries the worker's traceback as text (some exceptions, such as a compiler error
 holding a module, cannot be pickled back at all). A worker killed outright (by the OS for lack
 of memory, or a signal) raises a CellError naming the jobs left unfinished; a
-``multiprocessing.Pool`` waited for it forever.
+``multiprocessing.Pool`` waited for it forever. Conversely, workers end within seconds when the
+process that started them is killed, instead of waiting on its queues forever.
 """
 from __future__ import annotations
 
 import multiprocessing
+import os
+import threading
+import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
 from typing import Callable, Iterator, Sequence, TypeVar
@@ -22,6 +26,21 @@ from .errors import CellError, cell_failure
 
 J = TypeVar("J")
 R = TypeVar("R")
+
+
+WATCH_SECONDS = 1.0  # how often a worker checks that the process that started it is alive
+
+
+def _exit_with_parent(parent: int) -> None:
+    """Worker initializer: end this worker soon after the sweep's own process dies (killed by a
+    scheduler, ``kill``, the OOM killer). The pool's queues would keep it waiting forever, holding
+    its memory (seen: two idle workers of a killed ``finetune``, 1.4 GB each, still there 15 minutes on)."""
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(WATCH_SECONDS)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="posattn-watch-parent", daemon=True).start()
 
 
 def _in_worker(args: tuple[Callable[[J, bool], R], J, str, int]) -> R:
@@ -54,7 +73,8 @@ def run_jobs(fn: Callable[[J, bool], R], jobs: Sequence[J], labels: Sequence[str
             yield fn(job, False)
         return
     share = threads or max(1, torch.get_num_threads() // workers)
-    pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"))
+    pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
+                               initializer=_exit_with_parent, initargs=(os.getpid(),))
     futures = {pool.submit(_in_worker, (fn, job, label, share)): label for job, label in zip(jobs, labels)}
     try:
         for future in (futures if ordered else as_completed(futures)):

@@ -1,7 +1,10 @@
 """posattn.parallel.run_jobs: one rule for every sweep command's worker processes."""
+import os
 import pickle
+import signal
 import subprocess
 import sys
+import time
 import types
 
 import pytest
@@ -91,3 +94,45 @@ def test_workers_of_a_finished_sweep_exit_cleanly(tmp_path):
     done = subprocess.run([sys.executable, str(tmp_path / "jobs.py")], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert "leaked" not in done.stderr
+
+
+ORPHAN_SCRIPT = """
+import os, signal, sys, threading, time
+from pathlib import Path
+from posattn.parallel import run_jobs
+def sleep(job, in_worker):
+    (Path(sys.argv[1]) / str(os.getpid())).touch()
+    time.sleep(120)
+def die_when_both_started():
+    while len(list(Path(sys.argv[1]).iterdir())) < 2:
+        time.sleep(0.1)
+    os.kill(os.getpid(), signal.SIGKILL)   # as a scheduler's kill -9 or the OOM killer
+if __name__ == "__main__":
+    threading.Thread(target=die_when_both_started, daemon=True).start()
+    list(run_jobs(sleep, [1, 2], ["a", "b"], workers=2))
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"   # a zombie has exited
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads /proc")
+def test_workers_end_when_the_sweep_process_is_killed(tmp_path):
+    (tmp_path / "pids").mkdir()
+    (tmp_path / "jobs.py").write_text(ORPHAN_SCRIPT)
+    done = subprocess.run([sys.executable, str(tmp_path / "jobs.py"), str(tmp_path / "pids")], timeout=300)
+    assert done.returncode == -signal.SIGKILL
+    pids = [int(p.name) for p in (tmp_path / "pids").iterdir()]
+    try:
+        deadline = time.monotonic() + 10 * parallel.WATCH_SECONDS + 5
+        while any(map(_alive, pids)) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not any(map(_alive, pids)), "workers outlived the killed sweep"
+    finally:
+        for pid in filter(_alive, pids):
+            os.kill(pid, signal.SIGKILL)
