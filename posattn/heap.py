@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import os
 
 THRESHOLD = (1 << 31) - 1  # bytes: larger than any block a step allocates here
@@ -35,7 +36,9 @@ _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # mallopt parameters (malloc.h)
 RELEASE_EVERY = 25  # training steps between two release_freed_memory() calls
 
 
+@functools.cache
 def _libc() -> ctypes.CDLL | None:
+    """The C library, looked up once (``release_freed_memory`` runs every few dozen steps)."""
     try:
         return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
     except OSError:

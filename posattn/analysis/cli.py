@@ -78,7 +78,7 @@ def _order_probe(args: argparse.Namespace) -> None:
     from .order_probe import default_label, order_probe
     names = [default_label(m) for m in args.models]
     out = Path(args.out) if args.out else Path("runs") / "analysis" / "order-probe" / "_".join(names)
-    rep = order_probe(args.models, out, args.tasks, args.max_pairs, progress=not args.no_progress)
+    rep = order_probe(args.models, out, args.tasks, args.max_pairs, names, progress=not args.no_progress)
     if args.json:
         print(json.dumps(rep, indent=1))
         return

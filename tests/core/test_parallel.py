@@ -87,11 +87,16 @@ if __name__ == "__main__":
 """
 
 
+def _run_script(tmp_path, script: str, *args: str) -> subprocess.CompletedProcess:
+    (tmp_path / "jobs.py").write_text(script)
+    return subprocess.run([sys.executable, str(tmp_path / "jobs.py"), *args], capture_output=True, text=True,
+                          timeout=300)
+
+
 def test_workers_of_a_finished_sweep_exit_cleanly(tmp_path):
     """Terminated workers skip their exit finalizers: their semaphores leaked, and every recipe
     ended with "resource_tracker: There appear to be N leaked semaphore objects"."""
-    (tmp_path / "jobs.py").write_text(FINISHING_SCRIPT)
-    done = subprocess.run([sys.executable, str(tmp_path / "jobs.py")], capture_output=True, text=True, timeout=300)
+    done = _run_script(tmp_path, FINISHING_SCRIPT)
     assert done.returncode == 0, done.stderr
     assert "leaked" not in done.stderr
 
@@ -124,9 +129,8 @@ def _alive(pid: int) -> bool:
 @pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads /proc")
 def test_workers_end_when_the_sweep_process_is_killed(tmp_path):
     (tmp_path / "pids").mkdir()
-    (tmp_path / "jobs.py").write_text(ORPHAN_SCRIPT)
-    done = subprocess.run([sys.executable, str(tmp_path / "jobs.py"), str(tmp_path / "pids")], timeout=300)
-    assert done.returncode == -signal.SIGKILL
+    done = _run_script(tmp_path, ORPHAN_SCRIPT, str(tmp_path / "pids"))
+    assert done.returncode == -signal.SIGKILL, done.stderr
     pids = [int(p.name) for p in (tmp_path / "pids").iterdir()]
     try:
         deadline = time.monotonic() + 10 * parallel.WATCH_SECONDS + 5
