@@ -1,0 +1,2 @@
+"""What every experiment shares: files written atomically, safe names, (later) device, precision,
+checkpoints, RNG state and the training loop."""

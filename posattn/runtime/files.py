@@ -1,0 +1,54 @@
+"""Files every command writes: atomically, under unique temporary names, inside their folder.
+
+A reader never sees half a file: each write goes to a temporary file with a unique name in the
+same folder (so two processes never share one, as ``path.with_suffix(".tmp")`` did) and is then
+renamed over the target, which POSIX makes atomic. Names taken from configs (a sweep's ``name``,
+a recipe's ``label``) become folder and file names only through :func:`check_name`, so none can
+leave the output folder.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from posattn.errors import PositionError
+
+_SAFE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+=,@-]*")
+
+
+def check_name(name: Any, what: str) -> str:
+    """``name`` if it is safe as one path component (letters, digits and ``. _ + = , @ -``, not
+    starting with a dot or dash, at most 200 characters), else one :class:`PositionError`."""
+    if not isinstance(name, str) or len(name) > 200 or not _SAFE.fullmatch(name):
+        raise PositionError(f"{what} {name!r} cannot name a file or folder: use letters, digits and "
+                            f"'._+=,@-', starting with a letter or digit (no '/', no '..', at most 200 characters)")
+    return name
+
+
+def write_bytes_atomic(path: str | Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` through a uniquely named temporary file in the same folder."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_text_atomic(path: str | Path, text: str) -> None:
+    """:func:`write_bytes_atomic` for UTF-8 text."""
+    write_bytes_atomic(path, text.encode("utf-8"))
+
+
+def write_json_atomic(path: str | Path, obj: Any, indent: int | None = 1) -> None:
+    """``obj`` as JSON (keys in insertion order, a final newline), written atomically."""
+    write_text_atomic(path, json.dumps(obj, indent=indent) + "\n")
