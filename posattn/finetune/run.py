@@ -33,9 +33,20 @@ from ..errors import PositionError
 from ..models import build_model, save
 from ..models.io import CONFIG, WEIGHTS, read_config
 from ..models.transformer import Encoder
-from ..tasks.compare import _write_json
-from ..tasks.train import CHECKPOINT, _batch_indices, adamw, atomic_save, resolve_device, rng_state, set_rng_state
-from ..text.tokenizer import FILENAME as TOKENIZER, load_tokenizer
+from ..runtime.checkpoint import (
+    CHECKPOINT,
+    check_config,
+    load_checkpoint,
+    save_checkpoint,
+)
+from ..runtime.device import resolve_device
+from ..runtime.files import write_json_atomic
+from ..runtime.lock import run_lock
+from ..runtime.optim import adamw
+from ..runtime.order import batch_indices
+from ..runtime.rng import rng_state, set_rng_state
+from ..text.tokenizer import FILENAME as TOKENIZER
+from ..text.tokenizer import load_tokenizer
 from . import metrics
 from .batches import Encoded, encode_examples, eval_batches, padded_tokens
 from .glue import load_glue
@@ -191,10 +202,8 @@ def finetune(model: Encoder, task: Task, train: Encoded, valid: Encoded, cfg: Fi
                              "best_step": 0, "bad": 0, "seconds": 0.0, "cpu_seconds": 0.0}
     torch.manual_seed(cfg.seed)
     if path is not None and path.exists():
-        saved = torch.load(path, map_location="cpu", weights_only=False)
-        if saved["config"] != asdict(cfg):
-            raise PositionError(f"checkpoint {path} was written with a different training config; "
-                                f"delete it or use another folder")
+        saved = load_checkpoint(path, ("config", "model", "optimizer", "rng", "state"))
+        check_config(saved["config"], asdict(cfg), path)
         model.load_state_dict(saved["model"])
         optimizer.load_state_dict(saved["optimizer"])
         set_rng_state(saved, device)
@@ -205,7 +214,7 @@ def finetune(model: Encoder, task: Task, train: Encoded, valid: Encoded, cfg: Fi
     loss_value = None
     while not state["done"]:
         step = state["step"]
-        ids, seg, mask, labels = train.batch(_batch_indices(len(train), cfg.batch_size, step, cfg.seed), device)
+        ids, seg, mask, labels = train.batch(batch_indices(len(train), cfg.batch_size, step, cfg.seed), device)
         for group in optimizer.param_groups:
             group["lr"] = cfg.lr_at(step, total)
         loss = loss_fn(task, model.classify(ids, seg, mask), labels)
@@ -232,9 +241,8 @@ def finetune(model: Encoder, task: Task, train: Encoded, valid: Encoded, cfg: Fi
         bar.set_postfix(loss=round(loss_value, 4), valid=round(valid_score, 4))
         state.update(seconds=before[0] + time.perf_counter() - start, cpu_seconds=before[1] + time.process_time() - cpu)
         if path is not None:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            atomic_save(path, {"config": asdict(cfg), "model": model.state_dict(),
-                               "optimizer": optimizer.state_dict(), **rng_state(device), "state": state})
+            save_checkpoint(path, {"config": asdict(cfg), "model": model.state_dict(),
+                                   "optimizer": optimizer.state_dict(), **rng_state(device), "state": state})
     bar.close()
     model.load_state_dict(state["best"])
     return {"steps": state["step"], "total_steps": total, "stopped_early": state["step"] < total,
@@ -333,6 +341,6 @@ def run_cell(cell: Cell, store: Path, device: str = "auto", progress: bool = Tru
     result["cpu_seconds"] = round(earlier[1] + time.process_time() - cpu, 2)
     if keep_model and "diverged" not in result:
         save(model, model_dir)
-    _write_json(result_path, result)
+    write_json_atomic(result_path, result)
     (folder / CHECKPOINT).unlink(missing_ok=True)
     return result

@@ -19,8 +19,8 @@ from tqdm.auto import tqdm
 from ..claims import parse_claims
 from ..errors import PositionError
 from ..parallel import run_jobs
+from ..runtime.files import write_json_atomic
 from ..tasks import compare
-from ..tasks.compare import _write_json
 from .report import write_plots, write_report
 from .run import (Cell, FinetuneConfig, check_encoder, find_checkpoint, fingerprint, finished_cell, run_cell, task_data,
                   tokenizer_path)
@@ -301,6 +301,6 @@ def _write_summary(suite: Suite, results: list[dict], out: Path, wall: float) ->
                "cell_seconds": round(sum(r["train_seconds"] for r in results), 1),
                "cell_cpu_seconds": round(sum(r.get("cpu_seconds", 0) for r in results), 1),
                "cells_total": len(suite.cells), "cells": results}
-    _write_json(out / "results.json", summary)
+    write_json_atomic(out / "results.json", summary)
     write_report(suite, summary, out)
     write_plots(suite, summary, out)

@@ -40,6 +40,7 @@ from ..finetune.run import FinetuneConfig, baseline, encoded, finetune, score
 from ..finetune.tasks import OFFLINE_SUITE, TASKS
 from ..markdown import table as md_table
 from ..parallel import run_jobs
+from ..runtime.files import write_json_atomic
 from .retrofit import add_mechanisms, fit_kernels
 
 VARIANTS: dict[str, tuple[str, int] | None] = {
@@ -177,7 +178,7 @@ def run_cell(job: Job) -> dict[str, Any]:
             "valid_score": outcome["valid_score"], "best_step": outcome["best_step"], "steps": outcome["steps"],
             "majority_baseline": baseline(task, sets["train"], sets["test:test"])["score"],
             "sizes": {k: len(v) for k, v in sets.items()}, "training": asdict(cfg)}
-    job.path.write_text(json.dumps(cell, indent=2))
+    write_json_atomic(job.path, cell, indent=2)
     return cell
 
 
@@ -218,7 +219,7 @@ def write(out: Path, cells: list[dict[str, Any]], tasks: list[str], name: str, f
     """results.json and report.md (and, with ``plots``, scores.png and suite_score.png)."""
     summary = summarise(cells, tasks)
     result = {"model": folder, "protocol": protocol, "summary": summary, "cells": cells}
-    (out / "results.json").write_text(json.dumps(result, indent=2))
+    write_json_atomic(out / "results.json", result, indent=2)
     (out / "report.md").write_text(report(cells, summary, tasks, {"model": name, "protocol": protocol}))
     if plots:
         plot_scores(f"TISA Table 3 on {name}", list(VARIANTS), tasks, finetune_cells(cells), out)

@@ -8,10 +8,12 @@ leave the output folder.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,19 +31,29 @@ def check_name(name: Any, what: str) -> str:
     return name
 
 
-def write_bytes_atomic(path: str | Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` through a uniquely named temporary file in the same folder."""
+@contextlib.contextmanager
+def atomic_path(path: str | Path) -> Iterator[Path]:
+    """A uniquely named temporary path beside ``path`` for a writer that needs a file name
+    (``torch.save``, safetensors); once the block ends it is flushed to disk and renamed over
+    ``path``. If the block raises, the temporary file is removed and ``path`` is left as it was."""
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    tmp = Path(name)
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
+        yield tmp
+        with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise
+
+
+def write_bytes_atomic(path: str | Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` through a uniquely named temporary file in the same folder."""
+    with atomic_path(path) as tmp:
+        tmp.write_bytes(data)
 
 
 def write_text_atomic(path: str | Path, text: str) -> None:

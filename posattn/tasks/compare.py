@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import statistics
 import textwrap
 from dataclasses import asdict, dataclass, fields, replace
@@ -29,6 +28,7 @@ from posattn.errors import PositionError
 from posattn.mechanisms import registry
 from posattn.models import build_model, load, save
 from posattn.parallel import run_jobs
+from posattn.runtime.files import write_json_atomic
 from posattn.tasks.generators import TASK_PARAMS, TASKS, TaskError, drop_overlap, generate
 from posattn.tasks.report import write_plots, write_report
 from posattn.tasks.train import CHECKPOINT, TrainConfig, evaluate, resolve_device, train
@@ -391,12 +391,6 @@ def _eval_batch(length: int, cap: int) -> int:
     return max(1, min(cap, EVAL_SCORE_BUDGET // length ** 2))
 
 
-def _write_json(path: Path, obj: Any) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(obj, indent=1))
-    os.replace(tmp, path)
-
-
 def _cell_folder(cell: Cell, out: Path) -> Path:
     return out / "cells" / cell.id
 
@@ -461,7 +455,7 @@ def run_cell(cell: Cell, test_lengths: list[int], out: Path, device: str = "auto
             result["accuracy"][str(n)], result["not_applicable"][str(n)] = None, str(e)
         else:
             result["accuracy"][str(n)] = acc
-    _write_json(result_path, result)
+    write_json_atomic(result_path, result)
     (folder / CHECKPOINT).unlink(missing_ok=True)
     return result
 
@@ -499,8 +493,8 @@ def run_sweep(sweep: Sweep, out: str | Path, workers: int = 1, device: str = "au
         results = list(tqdm(run_jobs(_cell_job, jobs, labels, workers, threads), total=len(jobs), desc="cells",
                             disable=not progress, dynamic_ncols=True))
     _select(results)
-    _write_json(out / "results.json", {"name": sweep.name, "config": sweep.config, "cells_total": len(sweep.cells),
-                                       "cells": results})
+    write_json_atomic(out / "results.json", {"name": sweep.name, "config": sweep.config,
+                                             "cells_total": len(sweep.cells), "cells": results})
     write_report(sweep, results, out)
     write_plots(sweep, results, out)
     return results

@@ -7,20 +7,27 @@ resumed from any checkpoint ends with the same weights as an uninterrupted one.
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
 
 import torch
 from torch import nn
 from tqdm.auto import tqdm
 
 from posattn import schedule
+from posattn.runtime.checkpoint import (
+    CHECKPOINT,
+    check_config,
+    load_checkpoint,
+    save_checkpoint,
+)
+from posattn.runtime.device import resolve_device
+from posattn.runtime.lock import run_lock
+from posattn.runtime.optim import adamw
+from posattn.runtime.order import batch_indices
+from posattn.runtime.rng import rng_state, set_rng_state
 from posattn.tasks.generators import IGNORE, TaskData
-
-CHECKPOINT = "checkpoint.pt"
 
 
 @dataclass(frozen=True)
@@ -61,13 +68,6 @@ class TrainResult:
     seconds: float = 0.0
 
 
-def resolve_device(device: str | torch.device = "auto") -> torch.device:
-    """``"auto"`` picks CUDA when available, else CPU; anything else is passed to ``torch.device``."""
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
-
-
 def masked_loss(model: nn.Module, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """Cross-entropy over the scored positions only (``labels != IGNORE``), whose logits alone
     the model computes (``model(inputs, scored=keep)``)."""
@@ -94,47 +94,6 @@ def evaluate(model: nn.Module, data: TaskData, batch_size: int = 256,
     return correct / max(1, total)
 
 
-def _batch_indices(n: int, batch_size: int, step: int, seed: int) -> torch.Tensor:
-    """Example indices of ``step``: consecutive slices of per-epoch permutations seeded by ``(seed, epoch)``."""
-    first = step * batch_size
-    parts = []
-    while first < (step + 1) * batch_size:
-        epoch, offset = divmod(first, n)
-        perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed * 1_000_003 + epoch))
-        take = min(n - offset, (step + 1) * batch_size - first)
-        parts.append(perm[offset:offset + take])
-        first += take
-    return torch.cat(parts)
-
-
-def atomic_save(path: Path, state: dict) -> None:
-    """Atomic write: a crash mid-save never leaves a half checkpoint behind."""
-    tmp = path.with_suffix(".tmp")
-    torch.save(state, tmp)
-    os.replace(tmp, path)
-
-
-def adamw(model: nn.Module, lr: float, weight_decay: float, **options: Any) -> torch.optim.AdamW:
-    """AdamW with weight decay on matrices only (biases, norms and gains exempt), BERT's convention."""
-    decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
-    return torch.optim.AdamW([{"params": decay, "weight_decay": weight_decay},
-                              {"params": no_decay, "weight_decay": 0.0}], lr=lr, **options)
-
-
-def rng_state(device: torch.device) -> dict[str, torch.Tensor | None]:
-    """This process's RNG state (CPU, and the CUDA device's when training there), for a checkpoint."""
-    return {"rng": torch.get_rng_state(),
-            "cuda_rng": torch.cuda.get_rng_state(device) if device.type == "cuda" else None}
-
-
-def set_rng_state(state: dict[str, Any], device: torch.device) -> None:
-    """Restore what :func:`rng_state` saved."""
-    torch.set_rng_state(state["rng"])
-    if device.type == "cuda" and state.get("cuda_rng") is not None:
-        torch.cuda.set_rng_state(state["cuda_rng"], device)
-
-
 def train(model: nn.Module, data: TaskData, cfg: TrainConfig, *, valid: TaskData | None = None,
           checkpoint_dir: str | Path | None = None, device: str | torch.device = "auto",
           progress: bool = True, description: str = "train") -> TrainResult:
@@ -143,20 +102,27 @@ def train(model: nn.Module, data: TaskData, cfg: TrainConfig, *, valid: TaskData
 
     Every ``cfg.eval_every`` steps (and at the end) the model is evaluated on ``valid``; it stops
     once accuracy reaches ``cfg.target_accuracy``. With ``checkpoint_dir`` a checkpoint is written
-    at each evaluation and an existing one is resumed from. Seed the model's initialisation
-    yourself (``torch.manual_seed``) before building it.
+    at each evaluation and an existing one is resumed from; the folder is locked meanwhile
+    (:func:`~posattn.runtime.lock.run_lock`). Seed the model's initialisation yourself
+    (``torch.manual_seed``) before building it.
     """
-    device = resolve_device(device)
+    if checkpoint_dir is None:
+        return _train(model, data, cfg, valid, None, resolve_device(device), progress, description)
+    with run_lock(checkpoint_dir):
+        return _train(model, data, cfg, valid, Path(checkpoint_dir) / CHECKPOINT, resolve_device(device), progress,
+                      description)
+
+
+def _train(model: nn.Module, data: TaskData, cfg: TrainConfig, valid: TaskData | None, path: Path | None,
+           device: torch.device, progress: bool, description: str) -> TrainResult:
+    """:func:`train` with its checkpoint ``path`` (None: no checkpoint) and device resolved."""
     model.to(device).train()
     optimizer = adamw(model, cfg.lr, cfg.weight_decay)
-    path = Path(checkpoint_dir) / CHECKPOINT if checkpoint_dir is not None else None
     step, history, done, loss_value, before = 0, [], False, None, 0.0
     torch.manual_seed(cfg.seed)
     if path is not None and path.exists():
-        state = torch.load(path, map_location="cpu", weights_only=False)
-        if state["config"] != asdict(cfg):
-            raise ValueError(f"checkpoint {path} was written with a different training config; "
-                             f"delete it or use another folder")
+        state = load_checkpoint(path, ("config", "model", "optimizer", "rng", "step", "history", "done", "loss"))
+        check_config(state["config"], asdict(cfg), path)
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         set_rng_state(state, device)
@@ -169,10 +135,9 @@ def train(model: nn.Module, data: TaskData, cfg: TrainConfig, *, valid: TaskData
 
     def checkpoint() -> None:
         if path is not None:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            atomic_save(path, {"config": asdict(cfg), "model": model.state_dict(),
-                               "optimizer": optimizer.state_dict(), **rng_state(device), "step": step,
-                               "history": history, "done": done, "loss": loss_value, "seconds": seconds()})
+            save_checkpoint(path, {"config": asdict(cfg), "model": model.state_dict(),
+                                   "optimizer": optimizer.state_dict(), **rng_state(device), "step": step,
+                                   "history": history, "done": done, "loss": loss_value, "seconds": seconds()})
 
     def reached(acc: float) -> bool:
         return cfg.target_accuracy is not None and acc >= cfg.target_accuracy
@@ -181,7 +146,7 @@ def train(model: nn.Module, data: TaskData, cfg: TrainConfig, *, valid: TaskData
                leave=False, dynamic_ncols=True)
     while not done:
         if step < cfg.steps:
-            idx = _batch_indices(len(data), cfg.batch_size, step, cfg.seed)
+            idx = batch_indices(len(data), cfg.batch_size, step, cfg.seed)
             inputs, labels = data.inputs[idx].to(device), data.labels[idx].to(device)
             for group in optimizer.param_groups:
                 group["lr"] = cfg.lr_at(step)

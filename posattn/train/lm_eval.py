@@ -24,9 +24,10 @@ from ..errors import PositionError
 from ..mechanisms import Spec
 from ..models.io import WEIGHTS, read_config
 from ..models.transformer import Transformer, build_model
+from ..runtime.device import resolve_device
+from ..runtime.files import write_json_atomic, write_text_atomic
 from ..text.corpus import Corpus, open_corpus
 from ..text.tokenizer import FILENAME, load_tokenizer, special_ids
-from ..tasks.train import resolve_device
 from .data import Batches
 from .plots import plot_lengths
 from .pretrain import RUN_CONFIG, evaluate
@@ -146,7 +147,7 @@ def write_report(rows: list[dict[str, Any]], out: str | Path) -> Path:
     """``lengths.json``, ``report.md`` and ``perplexity_vs_length.png`` (or ``mlm_loss_vs_length.png``)."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "lengths.json").write_text(json.dumps(rows, indent=2))
+    write_json_atomic(out / "lengths.json", rows, indent=2)
     lengths = sorted({int(n) for r in rows for n in r["valid_loss"]})
     lines = ["| model | " + " | ".join(str(n) for n in lengths) + " |", "|---|" + "---|" * len(lengths)]
     for r in rows:
@@ -160,7 +161,7 @@ def write_report(rows: list[dict[str, Any]], out: str | Path) -> Path:
     text = [f"# Held-out {what} against evaluation length", "", *lines]
     if notes:
         text += ["", "Not run:", *notes]
-    (out / "report.md").write_text("\n".join(text) + "\n")
+    write_text_atomic(out / "report.md", "\n".join(text) + "\n")
     for kind, metric, name in (("decoder", "valid_perplexity", "perplexity_vs_length.png"),
                                ("encoder", "valid_loss", "mlm_loss_vs_length.png")):
         mine = [r for r in rows if r["kind"] == kind]

@@ -22,9 +22,10 @@ import json
 import math
 import os
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -35,16 +36,25 @@ from ..errors import PositionError
 from ..heap import RELEASE_EVERY, release_freed_memory
 from ..models.io import save
 from ..models.transformer import MODEL_KINDS, Transformer
+from ..runtime.checkpoint import (
+    CHECKPOINT,
+    check_config,
+    load_checkpoint,
+    save_checkpoint,
+)
+from ..runtime.device import autocast, resolve_device
+from ..runtime.files import write_json_atomic, write_text_atomic
+from ..runtime.optim import adamw
+from ..runtime.rng import rng_state, set_rng_state
 from ..text.corpus import Corpus, build_corpus, open_corpus
 from ..text.sources import load_documents
-from ..tasks.train import adamw, atomic_save, resolve_device, rng_state, set_rng_state
 from ..text.tokenizer import FILENAME, special_ids
 from .config import PretrainConfig
 from .data import Batch, Batches
 from .objective import objective_for
 from .plots import plot_run
 
-CHECKPOINT, RESULT, METRICS, RUN_CONFIG = "checkpoint.pt", "result.json", "metrics.jsonl", "pretrain.json"
+RESULT, METRICS, RUN_CONFIG = "result.json", "metrics.jsonl", "pretrain.json"
 DEFAULT_CORPUS = Path("runs/corpus/default")
 SPEED_ONLY = ("data_workers",)  # config keys that change speed, never results: free to change on resume
 
@@ -91,16 +101,6 @@ def resolve_corpus(name: str, world: World) -> Corpus:
     return open_corpus(DEFAULT_CORPUS)
 
 
-def autocast(precision: str, device: torch.device) -> tuple[contextlib.AbstractContextManager, bool]:
-    """The autocast context for ``precision`` on ``device`` and whether fp16 loss scaling is needed."""
-    if precision == "auto":
-        precision = "bf16" if device.type == "cuda" and torch.cuda.is_bf16_supported() else "fp32"
-    if precision == "fp32":
-        return contextlib.nullcontext(), False
-    if precision == "fp16" and device.type != "cuda":
-        raise PositionError("precision fp16 needs a CUDA device; use bf16 or fp32 on the CPU")
-    dtype = torch.bfloat16 if precision == "bf16" else torch.float16
-    return torch.autocast(device.type, dtype=dtype), precision == "fp16"
 
 
 def build_model(cfg: PretrainConfig, corpus: Corpus) -> Transformer:
@@ -128,27 +128,8 @@ def evaluate(model: Transformer, batches: list[Batch], device: torch.device,
     return out
 
 
-def _load_checkpoint(path: Path) -> dict[str, Any]:
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=False)
-    except Exception as e:  # a truncated or foreign file fails inside pickle or zipfile
-        raise PositionError(f"checkpoint {path} is unreadable ({type(e).__name__}: {e}); "
-                            f"move it away to start over, nothing was overwritten") from None
-    if not isinstance(state, dict) or "model" not in state or "config" not in state:
-        raise PositionError(f"{path} is not a posattn pretraining checkpoint; nothing was overwritten")
-    return state
 
 
-def _check_resume(state: dict[str, Any], cfg: PretrainConfig, corpus: Corpus, path: Path) -> None:
-    """Refuse a checkpoint written with another config or corpus, naming what differs."""
-    old = state["config"]
-    diff = [f"{k}: {old.get(k)!r} -> {v!r}" for k, v in cfg.to_dict().items() if old.get(k) != v and k not in SPEED_ONLY]
-    if diff:
-        raise PositionError(f"{path} was written with a different config ({'; '.join(diff)}); "
-                            f"use another output folder or the original settings; nothing was overwritten")
-    if state.get("corpus") != corpus.fingerprint:
-        raise PositionError(f"{path} was trained on another corpus (fingerprint {state.get('corpus')}, "
-                            f"now {corpus.fingerprint} in {corpus.folder}); nothing was overwritten")
 
 
 def _gather_rng(world: World, device: torch.device) -> list[Any]:
@@ -174,7 +155,7 @@ def _rewrite_metrics(path: Path, upto: int) -> list[dict[str, Any]]:
         return []
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     rows = [r for r in rows if r["step"] <= upto]
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    write_text_atomic(path, "".join(json.dumps(r) + "\n" for r in rows))
     return rows
 
 
@@ -208,11 +189,8 @@ def pretrain(cfg: PretrainConfig, out: str | Path, *, device: str = "auto", prog
     out = Path(out)
     world, dev = init_world(device)
     if (out / RESULT).exists():
-        written = json.loads((out / RUN_CONFIG).read_text())
-        diff = [k for k, v in cfg.to_dict().items() if written.get(k) != v and k not in SPEED_ONLY]
-        if diff:
-            raise PositionError(f"{out} holds a finished run with other settings ({', '.join(diff)}); "
-                                f"use another output folder")
+        written, current = json.loads((out / RUN_CONFIG).read_text()), cfg.to_dict()
+        check_config({k: written.get(k) for k in current}, current, out / RUN_CONFIG, ignore=SPEED_ONLY)
         return json.loads((out / RESULT).read_text())
     corpus = resolve_corpus(cfg.corpus, world)
     specials = special_ids(corpus.tokenizer, str(corpus.folder))
@@ -237,8 +215,9 @@ def pretrain(cfg: PretrainConfig, out: str | Path, *, device: str = "auto", prog
     step, elapsed, tokens_seen, data_seconds = 0, 0.0, 0, 0.0
     path = out / CHECKPOINT
     if path.exists():
-        state = _load_checkpoint(path)
-        _check_resume(state, cfg, corpus, path)
+        state = load_checkpoint(path, ("config", "corpus", "model", "optimizer", "scheduler", "scaler", "rng", "step"))
+        check_config({**state["config"], "corpus": state["corpus"]}, {**cfg.to_dict(), "corpus": corpus.fingerprint},
+                     path, ignore=SPEED_ONLY)
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
@@ -249,9 +228,9 @@ def pretrain(cfg: PretrainConfig, out: str | Path, *, device: str = "auto", prog
         torch.manual_seed(cfg.seed * 7919 + world.rank)  # dropout stream of this rank
     if world.main:
         out.mkdir(parents=True, exist_ok=True)
-        (out / RUN_CONFIG).write_text(json.dumps({**cfg.to_dict(), "corpus_folder": str(corpus.folder),
-                                                     "corpus_fingerprint": corpus.fingerprint,
-                                                     "parameters": sum(p.numel() for p in model.parameters())}, indent=2))
+        write_json_atomic(out / RUN_CONFIG, {**cfg.to_dict(), "corpus_folder": str(corpus.folder),
+                                             "corpus_fingerprint": corpus.fingerprint,
+                                             "parameters": sum(p.numel() for p in model.parameters())}, indent=2)
         history = _rewrite_metrics(out / METRICS, step)
     trainer: nn.Module = objective
     if world.size > 1:
@@ -261,10 +240,10 @@ def pretrain(cfg: PretrainConfig, out: str | Path, *, device: str = "auto", prog
     def checkpoint() -> None:
         rng = _gather_rng(world, dev)
         if world.main:
-            atomic_save(path, {"config": cfg.to_dict(), "corpus": corpus.fingerprint, "model": model.state_dict(),
-                          "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-                          "scaler": scaler.state_dict(), "rng": rng, "step": step, "elapsed": elapsed,
-                          "tokens": tokens_seen, "data_seconds": data_seconds})
+            save_checkpoint(path, {"config": cfg.to_dict(), "corpus": corpus.fingerprint, "model": model.state_dict(),
+                                   "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
+                                   "scaler": scaler.state_dict(), "rng": rng, "step": step, "elapsed": elapsed,
+                                   "tokens": tokens_seen, "data_seconds": data_seconds})
             save(model, out / "model")
             corpus.tokenizer.save(str(out / "model" / FILENAME))
         world.barrier()
@@ -344,7 +323,7 @@ def pretrain(cfg: PretrainConfig, out: str | Path, *, device: str = "auto", prog
         evals = [r for r in history if "valid_loss" in r]
         result.update({k: v for k, v in evals[-1].items() if k != "step"})
         plot_run(history, out / "loss.png", cfg.name)
-        (out / RESULT).write_text(json.dumps(result, indent=2))
+        write_json_atomic(out / RESULT, result, indent=2)
     if world.size > 1:  # every rank returns rank 0's result (with the held-out metrics)
         shared = [result]
         dist.broadcast_object_list(shared, src=0)

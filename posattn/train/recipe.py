@@ -12,6 +12,7 @@ from tqdm.auto import tqdm
 
 from ..errors import PositionError
 from ..parallel import run_jobs
+from ..runtime.files import write_json_atomic
 from .config import PretrainConfig
 from .plots import plot_recipe
 from .pretrain import METRICS, RESULT, World, pretrain, resolve_corpus
@@ -53,7 +54,7 @@ def run_recipe(name: str, runs: list[tuple[str, PretrainConfig]], out: str | Pat
 
 def write_summary(name: str, results: list[dict[str, Any]], out: Path) -> None:
     """``results.json``, ``report.md`` (one row per run) and ``valid_loss.png``."""
-    (out / "results.json").write_text(json.dumps(results, indent=2))
+    write_json_atomic(out / "results.json", results, indent=2)
     clm = results[0]["objective"] == "clm"
     metric = "perplexity" if clm else "MLM accuracy"
     lines = [f"# Pretraining recipe `{name}`", "",

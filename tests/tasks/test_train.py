@@ -7,6 +7,7 @@ import pytest
 import torch
 from torch import nn
 
+from posattn.errors import PositionError
 from posattn.models import build_model
 from posattn.tasks.generators import generate
 from posattn.tasks.train import CHECKPOINT, TrainConfig, evaluate, train
@@ -65,7 +66,7 @@ def test_resumed_run_ends_bit_identical(tmp_path: Path) -> None:
     with pytest.raises(KeyboardInterrupt):
         train(Interrupt(tiny("rope", 2), at=17), train_data, cfg, valid=valid, checkpoint_dir=tmp_path,
               progress=False)
-    saved = torch.load(tmp_path / CHECKPOINT, weights_only=False)
+    saved = torch.load(tmp_path / CHECKPOINT, weights_only=True)
     assert saved["step"] == 14 and saved["seconds"] > 0
     resumed = Interrupt(tiny("rope", 2, seed=99), at=0)   # another init: all must come from the checkpoint
     out = train(resumed, train_data, cfg, valid=valid, checkpoint_dir=tmp_path, progress=False)
@@ -81,7 +82,7 @@ def test_resumed_run_ends_bit_identical(tmp_path: Path) -> None:
 def test_checkpoint_of_another_config_is_refused(tmp_path: Path) -> None:
     cfg = TrainConfig(steps=2, batch_size=8, eval_every=1)
     train(tiny(), data(n=50), cfg, checkpoint_dir=tmp_path, progress=False)
-    with pytest.raises(ValueError, match="different training config"):
+    with pytest.raises(PositionError, match=r"different config \(steps: 2 -> 3; eval_every: 1 -> 100\)"):
         train(tiny(), data(n=50), TrainConfig(steps=3, batch_size=8), checkpoint_dir=tmp_path, progress=False)
 
 

@@ -32,7 +32,7 @@ def test_resume_after_interruption_matches_uninterrupted(corpus, tmp_path, objec
     whole = pretrain(cfg, tmp_path / "whole", progress=False)
     with pytest.raises(Interrupt):
         pretrain(cfg, tmp_path / "cut", progress=False, on_step=stop_at(3))  # killed after step 3, checkpoint at 2
-    state = torch.load(tmp_path / "cut" / CHECKPOINT, weights_only=False)
+    state = torch.load(tmp_path / "cut" / CHECKPOINT, weights_only=True)
     assert state["step"] == 2
     resumed = pretrain(cfg, tmp_path / "cut", progress=False)
     a, b = read_weights(tmp_path / "whole"), read_weights(tmp_path / "cut")
