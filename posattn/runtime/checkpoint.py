@@ -14,6 +14,7 @@ elsewhere) is refused with one :class:`PositionError` before anything in it runs
 from __future__ import annotations
 
 import pickle
+from collections import OrderedDict
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -24,21 +25,22 @@ from posattn.errors import PositionError
 from posattn.runtime.files import atomic_path
 
 CHECKPOINT = "checkpoint.pt"
-_LEAVES = (torch.Tensor, str, int, float, bool, type(None))
+_SCALARS = (str, int, float, bool, type(None))
 
 
 def plain_problem(obj: Any, where: str = "checkpoint") -> str | None:
-    """Where ``obj`` holds something other than tensors and plain data (None if nowhere)."""
-    if isinstance(obj, _LEAVES):
+    """Where ``obj`` holds something other than tensors and plain data (None if nowhere). Types are
+    matched exactly: a subclass (``numpy.float64`` is a float) would be pickled as itself."""
+    if isinstance(obj, torch.Tensor) or type(obj) in _SCALARS:
         return None
-    if isinstance(obj, Mapping):
+    if type(obj) in (dict, OrderedDict):
         for key, value in obj.items():
-            if not isinstance(key, (str, int)):
+            if type(key) not in (str, int):
                 return f"{where} has a key of type {type(key).__name__}"
             if (problem := plain_problem(value, f"{where}[{key!r}]")) is not None:
                 return problem
         return None
-    if isinstance(obj, (list, tuple)):
+    if type(obj) in (list, tuple):
         return next((p for i, v in enumerate(obj) if (p := plain_problem(v, f"{where}[{i}]")) is not None), None)
     return f"{where} is a {type(obj).__module__}.{type(obj).__qualname__}"
 

@@ -216,8 +216,8 @@ def pretrain(cfg: PretrainConfig, out: str | Path, *, device: str = "auto", prog
     path = out / CHECKPOINT
     if path.exists():
         state = load_checkpoint(path, ("config", "corpus", "model", "optimizer", "scheduler", "scaler", "rng", "step"))
-        check_config({**state["config"], "corpus": state["corpus"]}, {**cfg.to_dict(), "corpus": corpus.fingerprint},
-                     path, ignore=SPEED_ONLY)
+        check_config({**state["config"], "corpus_fingerprint": state["corpus"]},
+                     {**cfg.to_dict(), "corpus_fingerprint": corpus.fingerprint}, path, ignore=SPEED_ONLY)
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])

@@ -121,3 +121,15 @@ def test_regression_head_for_stsb(tmp_path):
     data = encode_examples(tokenizer(), GLUE["stsb"], [Example(s, s, float(i % 5)) for i, s in enumerate(SENTENCES)], 64)
     out = finetune(model, GLUE["stsb"], data, data, FinetuneConfig(lr=1e-3, epochs=2, batch_size=4), progress=False)
     assert set(score(model, GLUE["stsb"], data, 4)) == {"pearson", "spearman", "score"} and out["steps"] == 5   # ceil(2 epochs · 10 / 4)
+
+
+def test_a_checkpoint_carrying_a_pickle_payload_is_refused_unrun(tmp_path):
+    from runtime.payload import plant
+
+    marker = tmp_path / "marker"
+    path = plant(tmp_path / "cell", marker)
+    before = path.read_bytes()
+    with pytest.raises(PositionError, match="unreadable .*objects other than tensors and plain data"):
+        finetune(build_model_none(), TASK, toy(16), toy(8), FinetuneConfig(epochs=1, batch_size=8),
+                 checkpoint_dir=tmp_path / "cell", progress=False)
+    assert not marker.exists() and path.read_bytes() == before

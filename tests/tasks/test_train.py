@@ -118,3 +118,21 @@ def test_cuda_run_resumes_from_a_checkpoint(tmp_path: Path) -> None:
     out = train(resumed, data(n=64), cfg, valid=data("valid", 32), checkpoint_dir=tmp_path, device="cuda",
                 progress=False)
     assert out.steps == 10 and next(resumed.parameters()).is_cuda
+
+
+def test_a_cell_checkpoint_carrying_a_pickle_payload_is_refused_unrun(tmp_path: Path) -> None:
+    """A ``checkpoint.pt`` copied into a compare cell folder is read as tensors and plain data only:
+    one PositionError, the payload never runs, nothing is written over the file."""
+    from posattn.tasks.compare import run_cell, validate_config
+    from runtime.payload import plant
+
+    sweep = validate_config({"task": "mqar", "task_params": {"num_kv_pairs": 2}, "vocab_size": V, "train_length": L,
+                             "test_lengths": [L], "examples": {"train": 40, "valid": 8, "test": 8}, "d_model": 16,
+                             "models": [{"mechanisms": ["rope"], "layers": 1}], "training": {"steps": 2, "batch_size": 4}})
+    cell, marker = sweep.cells[0], tmp_path / "marker"
+    path = plant(tmp_path / "cells" / cell.id, marker)
+    before = path.read_bytes()
+    with pytest.raises(PositionError, match="unreadable .*objects other than tensors and plain data"):
+        run_cell(cell, [L], tmp_path, progress=False)
+    assert not marker.exists() and path.read_bytes() == before
+    assert not (tmp_path / "cells" / cell.id / "result.json").exists()

@@ -8,6 +8,7 @@ import torch
 
 from posattn.errors import PositionError
 from posattn.models.io import load
+from posattn.text.corpus import build_corpus
 from posattn.train.config import PretrainConfigError, load as load_config, parse
 from posattn.train.pretrain import CHECKPOINT, pretrain
 
@@ -74,12 +75,28 @@ def test_corrupt_checkpoint_is_refused_and_kept(corpus, tmp_path):
     assert (tmp_path / "r" / CHECKPOINT).read_bytes() == b"not a checkpoint"
 
 
+def test_a_checkpoint_carrying_a_pickle_payload_is_refused_unrun(corpus, tmp_path):
+    from runtime.payload import plant
+
+    marker = tmp_path / "marker"
+    path = plant(tmp_path / "r", marker)
+    before = path.read_bytes()
+    with pytest.raises(PositionError, match="unreadable .*objects other than tensors and plain data"):
+        pretrain(parse(tiny(corpus)), tmp_path / "r", progress=False)
+    assert not marker.exists() and path.read_bytes() == before
+    assert not (tmp_path / "r" / "model").exists()
+
+
 def test_changed_config_or_corpus_is_refused(corpus, tmp_path):
     with pytest.raises(Interrupt):
         pretrain(parse(tiny(corpus)), tmp_path / "r", progress=False, on_step=stop_at(2))
     before = (tmp_path / "r" / CHECKPOINT).read_bytes()
     with pytest.raises(PositionError, match=r"different config \(lr: 0.003 -> 0.01\)"):
         pretrain(parse(tiny(corpus, lr=0.01)), tmp_path / "r", progress=False)
+    other = build_corpus(make_documents(seed=1), tmp_path / "other", vocab_size=64)
+    with pytest.raises(PositionError, match=rf"different config \(corpus: '{corpus.folder}' -> '{other.folder}'; "
+                                            rf"corpus_fingerprint: '{corpus.fingerprint}' -> '{other.fingerprint}'\)"):
+        pretrain(parse({**tiny(corpus), "corpus": str(other.folder)}), tmp_path / "r", progress=False)
     assert (tmp_path / "r" / CHECKPOINT).read_bytes() == before
 
 
