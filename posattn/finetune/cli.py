@@ -7,8 +7,9 @@ from pathlib import Path
 
 import yaml
 
+from ..experiments.executors import budget_note, executor_from
 from ..tasks.cli import add_sweep_options
-from .suite import ConfigError, builtin_configs, load_config, run_suite, schema_text, validate_config
+from .suite import builtin_configs, load_config, run_suite, schema_text, validate_config
 
 DESCRIPTION = """\
 Fine-tune pretrained encoders (`posattn pretrain` checkpoints) on classification and regression
@@ -51,11 +52,12 @@ def run(args: argparse.Namespace) -> None:
     if args.dump_config:
         print(yaml.safe_dump(raw, sort_keys=False), end="")
         return
-    if args.workers < 1 or args.threads < 1:
-        raise ConfigError(f"--workers and --threads must be >= 1, got {args.workers} and {args.threads}")
+    executor = executor_from(args, args.threads)
     suite = validate_config(raw)
     out = args.out or f"runs/finetune-{suite.name}"
-    run_suite(suite, out, workers=args.workers, device=args.device, threads=args.threads,
-              progress=not args.no_progress, report_only=args.report)
+    results = run_suite(suite, out, executor, device=args.device, progress=not args.no_progress,
+                        report_only=args.report)
     print((Path(out) / "report.md").read_text())
     print(f"results, report and plots in {out}/")
+    if not args.report and (note := budget_note(len(results), len(suite.cells))):
+        print(note)

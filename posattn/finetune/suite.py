@@ -18,7 +18,7 @@ from tqdm.auto import tqdm
 
 from ..claims import parse_claims
 from ..errors import PositionError
-from ..parallel import run_jobs
+from ..experiments.executors import Executor, LocalExecutor, NotStarted
 from ..runtime.files import write_json_atomic
 from ..tasks import compare
 from .report import write_plots, write_report
@@ -262,10 +262,17 @@ def _cell_job(job: tuple[Cell, str, str, bool, bool], in_worker: bool) -> dict:
     return run_cell(cell, Path(store), device, progress and not in_worker, keep_model=keep)
 
 
-def run_suite(suite: Suite, out: str | Path, workers: int = 1, device: str = "auto", threads: int | None = None,
-              progress: bool = True, report_only: bool = False) -> list[dict]:
-    """Run every unfinished cell (intermediate sources first), then write results.json, report.md and plots.
+def _read_cell(job: tuple[Cell, str, str, bool, bool]) -> dict | None:
+    return finished_cell(job[0], Path(job[1]))
 
+
+def run_suite(suite: Suite, out: str | Path, executor: Executor | None = None, device: str = "auto",
+              progress: bool = True, report_only: bool = False) -> list[dict]:
+    """Run every unfinished cell (intermediate sources first), then write results.json, report.md and plots;
+    return the finished cells' results.
+
+    ``executor``: where the cells run (default: one after another in this process); cells its time
+    budget keeps from starting are left for the next invocation and the report says it is partial.
     ``report_only``: train nothing, report the cells finished so far (a partial report says so);
     ConfigError if there are none."""
     start = time.perf_counter()
@@ -282,14 +289,16 @@ def run_suite(suite: Suite, out: str | Path, workers: int = 1, device: str = "au
         task_data(*key)                     # a bad task file fails here, before anything is written
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.yaml").write_text(yaml.safe_dump(suite.config, sort_keys=False))
+    executor = executor or LocalExecutor()
     waves = [[c for c in suite.cells if c.init_from is None], [c for c in suite.cells if c.init_from is not None]]
     results: list[dict] = []
     bar = tqdm(total=len(suite.cells), desc="cells", disable=not progress, dynamic_ncols=True)
     for wave in waves:  # intermediate tasks first: their checkpoints start the second wave's cells
         jobs = [(c, str(store), device, c.id in suite.keep, progress) for c in wave]
         labels = [f"cell {c.id} ({c.label}, {c.task}, seed {c.seed})" for c in wave]
-        for r in run_jobs(_cell_job, jobs, labels, workers, threads):
-            results.append(r)
+        for r in executor.map(_cell_job, jobs, labels, read=_read_cell):
+            if not isinstance(r, NotStarted):
+                results.append(r)
             bar.update(1)
     bar.close()
     _write_summary(suite, results, out, time.perf_counter() - start)

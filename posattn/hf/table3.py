@@ -35,11 +35,12 @@ from transformers import AutoModelForSequenceClassification, PreTrainedModel
 from ..analysis.hf import resolve
 from ..analysis.tisa_fit import TisaFit
 from ..claims import SIGMAS, judge, parse_claims, report_row
+from ..experiments.executors import (Executor, LocalExecutor, NotStarted, add_executor_options, budget_note,
+                                     executor_from)
 from ..finetune.report import plot_scores, seed_values, suite_scores
 from ..finetune.run import FinetuneConfig, baseline, encoded, finetune, score
 from ..finetune.tasks import OFFLINE_SUITE, TASKS
 from ..markdown import table as md_table
-from ..parallel import run_jobs
 from ..runtime.files import write_json_atomic
 from .retrofit import add_mechanisms, fit_kernels
 
@@ -183,15 +184,21 @@ def run_cell(job: Job) -> dict[str, Any]:
 
 
 def _cell_job(job: Job, in_worker: bool) -> dict[str, Any]:
-    """:func:`run_cell` for :func:`~posattn.parallel.run_jobs` (no progress bars either way)."""
+    """:func:`run_cell` for :meth:`~posattn.experiments.executors.Executor.map` (no progress bars either way)."""
     return run_cell(job)
+
+
+def _read_cell(job: Job) -> dict[str, Any] | None:
+    return json.loads(job.path.read_text()) if job.path.exists() else None
 
 
 def run(model: str = "minilm", tasks: list[str] | None = None, seeds: int = 5, max_train: int = 800,
         max_eval: int = 500, lr: float = 1e-4, epochs: float = 2, out: Path = Path("runs/hf/table3"),
-        max_len: int = 128, workers: int = 1) -> dict[str, Any]:
-    """Every unfinished cell, in ``workers`` processes (each with an equal share of the CPU
-    threads); report.md and results.json are rewritten after every cell."""
+        max_len: int = 128, executor: Executor | None = None) -> dict[str, Any]:
+    """Every unfinished cell through ``executor`` (default: one after another in this process; a
+    :class:`~posattn.experiments.executors.LocalExecutor` with workers gives each an equal share of
+    the CPU threads); report.md and results.json are rewritten after every cell. Cells the
+    executor's time budget keeps from starting are left for the next invocation."""
     tasks = tasks or list(OFFLINE_SUITE)
     folder = resolve(model)
     (out / "cells").mkdir(parents=True, exist_ok=True)
@@ -207,20 +214,28 @@ def run(model: str = "minilm", tasks: list[str] | None = None, seeds: int = 5, m
     todo = [j for j in jobs if not j.path.exists()]
     labels = [f"cell {j.variant} × {j.task}, seed {j.seed}" for j in todo]
     with tqdm(total=len(jobs), initial=len(cells), desc="table3") as bar:
-        for cell in run_jobs(_cell_job, todo, labels, workers, ordered=False):
+        for cell in (executor or LocalExecutor()).map(_cell_job, todo, labels, read=_read_cell, ordered=False):
+            if isinstance(cell, NotStarted):
+                continue
             cells.append(cell)
             bar.update(1)
-            write(out, cells, tasks, name, str(folder), protocol)  # after every cell: partial results stay
-    return write(out, cells, tasks, name, str(folder), protocol, plots=True)
+            write(out, cells, tasks, name, str(folder), protocol, total=len(jobs))  # after every cell: partial results stay
+    if note := budget_note(len(cells), len(jobs)):
+        print(note)
+    return write(out, cells, tasks, name, str(folder), protocol, plots=True, total=len(jobs))
 
 
 def write(out: Path, cells: list[dict[str, Any]], tasks: list[str], name: str, folder: str,
-          protocol: str, plots: bool = False) -> dict[str, Any]:
-    """results.json and report.md (and, with ``plots``, scores.png and suite_score.png)."""
+          protocol: str, plots: bool = False, total: int | None = None) -> dict[str, Any]:
+    """results.json and report.md (and, with ``plots``, scores.png and suite_score.png); the report
+    says it is partial when fewer than ``total`` cells are finished."""
     summary = summarise(cells, tasks)
     result = {"model": folder, "protocol": protocol, "summary": summary, "cells": cells}
     write_json_atomic(out / "results.json", result, indent=2)
-    (out / "report.md").write_text(report(cells, summary, tasks, {"model": name, "protocol": protocol}))
+    text = report(cells, summary, tasks, {"model": name, "protocol": protocol})
+    if total is not None and len(cells) < total:
+        text = text.replace("\n\n", f"\n\n**Partial: {len(cells)} of {total} cells finished.** Rerun to finish it.\n\n", 1)
+    (out / "report.md").write_text(text)
     if plots:
         plot_scores(f"TISA Table 3 on {name}", list(VARIANTS), tasks, finetune_cells(cells), out)
     return result
@@ -236,9 +251,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--lr", type=float, default=1e-4)
     p.add_argument("--epochs", type=float, default=2)
     p.add_argument("--out", type=Path, default=Path("runs/hf/table3"))
-    p.add_argument("--workers", type=int, default=1, help="cells fine-tuned at once, each in its own process")
+    add_executor_options(p)
     a = p.parse_args(argv)
-    run(a.model, a.tasks, a.seeds, a.max_train, a.max_eval, a.lr, a.epochs, a.out, workers=a.workers)
+    run(a.model, a.tasks, a.seeds, a.max_train, a.max_eval, a.lr, a.epochs, a.out, executor=executor_from(a))
     print((a.out / "report.md").read_text())
 
 

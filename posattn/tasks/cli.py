@@ -7,8 +7,8 @@ from pathlib import Path
 
 import yaml
 
-from posattn.tasks.compare import (ConfigError, builtin_configs, load_config, run_sweep, schema_text,
-                                   validate_config)
+from posattn.experiments.executors import add_executor_options, budget_note, executor_from
+from posattn.tasks.compare import builtin_configs, load_config, run_sweep, schema_text, validate_config
 
 DESCRIPTION = """\
 Train position mechanisms side by side on a synthetic recall/copying task, evaluate every
@@ -31,11 +31,10 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 
 def add_sweep_options(parser: argparse.ArgumentParser, command: str, workers: int = 1) -> None:
-    """The options every sweep command shares: --out, --workers, --threads, --device, --no-progress, --dump-config,
-    --report."""
+    """The options every sweep command shares: --out, the executor's (--workers, --time-limit), --threads,
+    --device, --no-progress, --dump-config, --report."""
     parser.add_argument("--out", default=None, help=f"output folder (default: runs/{command}-<name>)")
-    parser.add_argument("--workers", type=int, default=workers,
-                        help=f"cells trained in parallel processes (default {workers})")
+    add_executor_options(parser, workers)
     parser.add_argument("--threads", type=int, default=1,
                         help="torch CPU threads per worker (default 1: tiny models run fastest single-threaded)")
     parser.add_argument("--device", default="auto", help="auto (CUDA if available), cpu, cuda or cuda:N")
@@ -53,11 +52,12 @@ def run(args: argparse.Namespace) -> None:
         print(yaml.safe_dump(raw, sort_keys=False), end="")
         return
     sweep = validate_config(raw)
-    if args.workers < 1 or args.threads < 1:
-        raise ConfigError(f"--workers and --threads must be >= 1, got {args.workers} and {args.threads}")
+    executor = executor_from(args, args.threads)
     out = args.out or f"runs/compare-{sweep.name}"
-    run_sweep(sweep, out, workers=args.workers, device=args.device, threads=args.threads, progress=not args.no_progress,
-              report_only=args.report)
+    results = run_sweep(sweep, out, executor, device=args.device, progress=not args.no_progress,
+                        report_only=args.report)
     print((Path(out) / "report.md").read_text())
     print(f"results, report and plots in {out}/")
+    if not args.report and (note := budget_note(len(results), len(sweep.cells))):
+        print(note)
 

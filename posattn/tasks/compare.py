@@ -25,9 +25,9 @@ from tqdm.auto import tqdm
 
 from posattn.claims import parse_claims
 from posattn.errors import PositionError
+from posattn.experiments.executors import Executor, LocalExecutor, NotStarted
 from posattn.mechanisms import registry
 from posattn.models import build_model, load, save
-from posattn.parallel import run_jobs
 from posattn.runtime.files import write_json_atomic
 from posattn.tasks.generators import TASK_PARAMS, TASKS, TaskError, drop_overlap, generate
 from posattn.tasks.report import write_plots, write_report
@@ -465,20 +465,26 @@ def _cell_job(job: tuple[Cell, list[int], str, str, bool], in_worker: bool) -> d
     return run_cell(cell, lengths, Path(out), device, progress and not in_worker)
 
 
+def _read_cell(job: tuple[Cell, list[int], str, str, bool]) -> dict | None:
+    cell, lengths, out, _, _ = job
+    return finished_cell(cell, lengths, Path(out))
+
+
 def finished_cell(cell: Cell, lengths: list[int], out: Path) -> dict | None:
     """The result of ``cell`` if it is trained and scored at every length in ``lengths``, else None."""
     result = _saved_result(cell, out)
     return None if _missing_lengths(result, lengths) else result
 
 
-def run_sweep(sweep: Sweep, out: str | Path, workers: int = 1, device: str = "auto", threads: int | None = None,
+def run_sweep(sweep: Sweep, out: str | Path, executor: Executor | None = None, device: str = "auto",
               progress: bool = True, report_only: bool = False) -> list[dict]:
-    """Run every cell not yet finished, then write results.json, report.md and the plots into ``out``.
+    """Run every cell not yet finished, then write results.json, report.md and the plots into ``out``;
+    return the finished cells' results.
 
-    ``workers`` > 1: cells in that many processes (:func:`posattn.parallel.run_jobs`);
-    ``threads``: torch intra-op threads per worker (``None``: alone, torch's setting; with
-    workers, an equal share of it). ``report_only``: train nothing, report the cells finished so
-    far (a partial report says so); ConfigError if there are none.
+    ``executor``: where the cells run (default: one after another in this process); cells its time
+    budget keeps from starting are left for the next invocation and the report says it is partial.
+    ``report_only``: train nothing, report the cells finished so far (a partial report says so);
+    ConfigError if there are none.
     """
     out = Path(out)
     if report_only:
@@ -490,8 +496,9 @@ def run_sweep(sweep: Sweep, out: str | Path, workers: int = 1, device: str = "au
         (out / "config.yaml").write_text(yaml.safe_dump(sweep.config, sort_keys=False))
         jobs = [(cell, sweep.test_lengths[cell.train_length], str(out), device, progress) for cell in sweep.cells]
         labels = [f"cell {cell.id} ({cell.label})" for cell in sweep.cells]
-        results = list(tqdm(run_jobs(_cell_job, jobs, labels, workers, threads), total=len(jobs), desc="cells",
-                            disable=not progress, dynamic_ncols=True))
+        outcomes = (executor or LocalExecutor()).map(_cell_job, jobs, labels, read=_read_cell)
+        results = [r for r in tqdm(outcomes, total=len(jobs), desc="cells", disable=not progress, dynamic_ncols=True)
+                   if not isinstance(r, NotStarted)]
     _select(results)
     write_json_atomic(out / "results.json", {"name": sweep.name, "config": sweep.config,
                                              "cells_total": len(sweep.cells), "cells": results})

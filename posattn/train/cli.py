@@ -9,11 +9,13 @@ import torch
 import yaml
 
 from ..errors import PositionError
+from ..experiments.executors import add_executor_options, budget_note, executor_from
 from ..text.corpus import build_corpus
 from ..text.sources import BUILTIN, DEFAULT_SOURCES, files, load_documents, saved_dataset
 from ..text.tokenizer import KINDS
 from .config import PretrainConfig, builtin_configs, load, with_overrides
 from .lm_eval import SCALINGS, length_sweep, subject, write_report
+from .pretrain import RESULT
 from .recipe import run_recipe
 
 CORPUS_HELP = """\
@@ -86,21 +88,25 @@ def pretrain_command(args: argparse.Namespace) -> None:
                              else runs[0][1].to_dict(), sort_keys=False), end="")
         return
     out = Path(args.out or f"runs/pretrain-{name}")
-    if args.workers < 1:
-        raise PositionError(f"--workers must be >= 1, got {args.workers}")
+    executor = executor_from(args)   # workers share this process's threads (--threads)
     try:
         results = run_recipe(name, runs, out, device=args.device, progress=not args.no_progress,
-                             workers=args.workers, only=args.runs)
+                             executor=executor, only=args.runs)
     finally:
         leave_process_group()
+    single = len(runs) == 1 and runs[0][0] == name
+    asked = [label for label, _ in runs if args.runs is None or label in args.runs]
+    note = None if single else budget_note(sum((out / label / RESULT).exists() for label in asked), len(asked), "runs")
     if (out / "report.md").exists():
         print((out / "report.md").read_text())
-    else:
+    elif single:
         r = results[0]
         extra = f"perplexity {r['valid_perplexity']:.2f}" if "valid_perplexity" in r else f"MLM accuracy {r['valid_accuracy']:.3f}"
         print(f"{name}: {r['steps']} steps, {r['tokens']:,} tokens, {r['tokens_per_s']:,.0f} tokens/s, "
               f"held-out loss {r['valid_loss']:.3f}, {extra}")
     print(f"checkpoints, metrics and plots in {out}/ (model for fine-tuning: {out}/model or {out}/<run>/model)")
+    if note is not None:
+        print(note)
 
 
 def eval_command(args: argparse.Namespace) -> None:
@@ -153,7 +159,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--runs", nargs="+", metavar="LABEL",
                    help="train only these runs of a recipe (their labels); the recipe's report.md covers "
                         "every finished run, so a recipe can be trained in parts")
-    p.add_argument("--workers", type=int, default=1, help="runs of a recipe trained at once (processes; default 1)")
+    add_executor_options(p)
     p.add_argument("--threads", type=int, default=1, help=THREADS_HELP)
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--dump-config", action="store_true", help="print the resolved config as YAML and exit")

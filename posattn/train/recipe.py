@@ -11,7 +11,7 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from ..errors import PositionError
-from ..parallel import run_jobs
+from ..experiments.executors import Executor, LocalExecutor, NotStarted
 from ..runtime.files import write_json_atomic
 from .config import PretrainConfig
 from .plots import plot_recipe
@@ -23,14 +23,24 @@ def _run_job(job: tuple[PretrainConfig, Path, str, bool], in_worker: bool) -> di
     return pretrain(cfg, out, device=device, progress=progress and not in_worker)
 
 
-def run_recipe(name: str, runs: list[tuple[str, PretrainConfig]], out: str | Path, *, device: str = "auto",
-               progress: bool = True, workers: int = 1, only: list[str] | None = None) -> list[dict[str, Any]]:
-    """Train every ``(label, config)`` into ``out/label`` (with ``only``, just those labels); write
-    the recipe's summary of every finished run into ``out``; return the results of the runs trained.
+def _read_run(job: tuple[PretrainConfig, Path, str, bool]) -> dict[str, Any] | None:
+    path = job[1] / RESULT
+    return json.loads(path.read_text()) if path.exists() else None
 
-    ``workers`` > 1 trains that many runs at once in separate processes (useful on a GPU, where
-    one small model leaves most of the device idle). ``only`` splits a recipe across sessions or
-    machines: each trains some runs, and the summary grows as they finish."""
+
+def run_recipe(name: str, runs: list[tuple[str, PretrainConfig]], out: str | Path, *, device: str = "auto",
+               progress: bool = True, executor: Executor | None = None,
+               only: list[str] | None = None) -> list[dict[str, Any]]:
+    """Train every ``(label, config)`` into ``out/label`` (with ``only``, just those labels); write
+    the recipe's summary of every finished run into ``out``; return the results of the runs trained
+    (or found finished).
+
+    ``executor``: where the runs train (default: one after another in this process); a
+    :class:`~posattn.experiments.executors.LocalExecutor` with workers > 1 trains that many runs at
+    once in separate processes (useful on a GPU, where one small model leaves most of the device
+    idle); runs its time budget keeps from starting are left for the next invocation. ``only``
+    splits a recipe across sessions or machines: each trains some runs, and the summary grows as
+    they finish."""
     out, single = Path(out), len(runs) == 1 and runs[0][0] == name
     unknown = sorted(set(only or ()) - {label for label, _ in runs})
     if only is not None and single:
@@ -41,25 +51,30 @@ def run_recipe(name: str, runs: list[tuple[str, PretrainConfig]], out: str | Pat
     if single:
         return [pretrain(runs[0][1], out, device=device, progress=progress)]
     runs_now = [(label, cfg) for label, cfg in runs if only is None or label in only]
+    executor = executor or LocalExecutor()
     jobs = [(cfg, out / label, device, progress) for label, cfg in runs_now]
-    if workers > 1 and any(cfg.corpus == "default" for _, cfg in runs_now):
+    if not executor.in_process and any(cfg.corpus == "default" for _, cfg in runs_now):
         resolve_corpus("default", World())  # once, here: workers building it at once replaced each other's
-    done = list(tqdm(run_jobs(_run_job, jobs, [f"run {label}" for label, _ in runs_now], workers),
-                     total=len(jobs), desc=f"recipe {name}", disable=not progress or workers <= 1))
+    done = list(tqdm(executor.map(_run_job, jobs, [f"run {label}" for label, _ in runs_now], read=_read_run),
+                     total=len(jobs), desc=f"recipe {name}", disable=not progress or executor.in_process))
     finished = [{"label": label, **json.loads((out / label / RESULT).read_text())}
                 for label, _ in runs if (out / label / RESULT).exists()]
-    write_summary(name, finished, out)
-    return [{"label": label, **r} for (label, _), r in zip(runs_now, done)]
+    if finished:
+        write_summary(name, finished, out, total=len(runs))
+    return [{"label": label, **r} for (label, _), r in zip(runs_now, done) if not isinstance(r, NotStarted)]
 
 
-def write_summary(name: str, results: list[dict[str, Any]], out: Path) -> None:
-    """``results.json``, ``report.md`` (one row per run) and ``valid_loss.png``."""
+def write_summary(name: str, results: list[dict[str, Any]], out: Path, total: int | None = None) -> None:
+    """``results.json``, ``report.md`` (one row per run; marked partial when fewer than ``total``
+    runs are finished) and ``valid_loss.png``."""
     write_json_atomic(out / "results.json", results, indent=2)
     clm = results[0]["objective"] == "clm"
     metric = "perplexity" if clm else "MLM accuracy"
     lines = [f"# Pretraining recipe `{name}`", "",
              f"| run | mechanisms | parameters | steps | tokens | held-out loss | held-out {metric} | tokens/s | minutes |",
              "|---|---|---|---|---|---|---|---|---|"]
+    if total is not None and len(results) < total:
+        lines[1:1] = ["", f"**Partial: {len(results)} of {total} runs finished.** Rerun the recipe to finish it."]
     for r in results:
         value = r["valid_perplexity"] if clm else r["valid_accuracy"]
         mechs = " + ".join(m if isinstance(m, str) else m["name"] for m in r["mechanisms"]) or "none"

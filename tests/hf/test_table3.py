@@ -7,6 +7,8 @@ import statistics
 import pytest
 import torch
 
+from posattn.experiments.executors import LocalExecutor
+
 tf = pytest.importorskip("transformers")
 
 from posattn.hf.table3 import CLAIMS, Classifier, report, summarise  # noqa: E402
@@ -86,7 +88,7 @@ def test_cells_run_in_worker_processes_and_are_never_run_again(tmp_path, tokeniz
                                                        lbfgs_steps=2))  # fitted in this process, read by workers
     out = tmp_path / "out"
     kw = dict(tasks=["trec6"], seeds=1, max_train=24, max_eval=12, epochs=1, out=out)
-    result = table3.run(str(folder), workers=2, **kw)
+    result = table3.run(str(folder), executor=LocalExecutor(2), **kw)
     assert sorted((c["variant"], c["seed"]) for c in result["cells"]) == sorted((v, 0) for v in table3.VARIANTS)
     assert len(list((out / "cells").glob("*.json"))) == len(table3.VARIANTS)
     assert "| baseline |" in (out / "report.md").read_text() and (out / "scores.png").exists()
@@ -95,7 +97,7 @@ def test_cells_run_in_worker_processes_and_are_never_run_again(tmp_path, tokeniz
         raise AssertionError(f"{job} ran again")
 
     monkeypatch.setattr(table3, "run_cell", refuse)
-    again = table3.run(str(folder), workers=1, **kw)
+    again = table3.run(str(folder), **kw)
 
     def key(c: dict) -> tuple:
         return c["variant"], c["task"], c["seed"]

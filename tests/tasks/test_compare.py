@@ -9,6 +9,7 @@ import pytest
 import yaml
 
 from posattn import cli
+from posattn.experiments.executors import LocalExecutor
 from posattn.tasks import compare
 from posattn.tasks.compare import ConfigError, builtin_configs, load_config, run_sweep, validate_config
 
@@ -115,7 +116,7 @@ def test_interrupted_sweep_resumes_only_missing_cells(tmp_path: Path, monkeypatc
 
 def test_workers_give_the_same_results(swept: Path, tmp_path: Path) -> None:
     config = {**TINY, "d_model": 16, "training": {**TINY["training"], "lr": 1e-2}}
-    results = run_sweep(validate_config(config), tmp_path, workers=2, threads=1, progress=False)
+    results = run_sweep(validate_config(config), tmp_path, LocalExecutor(2, threads=1), progress=False)
     serial = {c["id"]: c["accuracy"] for c in json.loads((swept / "results.json").read_text())["cells"]}
     assert all(serial[r["id"]][n] == r["accuracy"][n] for r in results for n in ("16", "32"))
 

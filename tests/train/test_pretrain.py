@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from posattn.errors import PositionError
+from posattn.experiments.executors import LocalExecutor
 from posattn.models.io import load
 from posattn.text.corpus import build_corpus
 from posattn.train.config import PretrainConfigError, load as load_config, parse
@@ -139,7 +140,7 @@ def test_a_recipe_in_two_worker_processes_equals_one_run_after_another(corpus, t
 
     runs = [("abs", parse(tiny(corpus))), ("rope", parse(tiny(corpus, mechanisms=["rope"])))]
     serial = run_recipe("r", runs, tmp_path / "serial", progress=False)
-    both = run_recipe("r", runs, tmp_path / "both", progress=False, workers=2)
+    both = run_recipe("r", runs, tmp_path / "both", progress=False, executor=LocalExecutor(2))
     assert [r["label"] for r in both] == ["abs", "rope"]
     assert [r["valid_loss"] for r in both] == [r["valid_loss"] for r in serial]
     for label, _ in runs:
@@ -160,7 +161,7 @@ def test_recipe_workers_share_one_default_corpus(corpus, tmp_path, monkeypatch):
     monkeypatch.setattr(pretrain_module, "load_documents", lambda: make_documents(60))  # this process only
     cfg = {**tiny(corpus), "corpus": "default", "steps": 2, "eval_every": 2, "checkpoint_every": 2}
     run_recipe("r", [("abs", parse(cfg)), ("t5", parse({**cfg, "mechanisms": ["t5"]}))], tmp_path / "out",
-               progress=False, workers=2)
+               progress=False, executor=LocalExecutor(2))
     built = open_corpus(pretrain_module.DEFAULT_CORPUS)
     assert built.meta["splits"]["train"]["documents"] == sum(split_of(d) == "train" for d in make_documents(60))
     for label in ("abs", "t5"):
