@@ -18,7 +18,6 @@ Only small result files are read: no model, checkpoint or tensor file is opened.
 """
 from __future__ import annotations
 
-import json
 import math
 import re
 import shlex
@@ -29,8 +28,8 @@ from typing import Any
 import yaml
 
 from posattn.errors import PositionError
+from posattn.experiments.store import read_json
 
-SWEEPS = ("compare", "finetune", "pretrain", "table3")
 TABLE3_RECIPE = "tisa_table3"
 TABLE3_PROTOCOL = re.compile(r"^(?P<tasks>\d+) tasks \((?P<names>[^)]*)\), (?P<seeds>\d+) seeds")
 
@@ -49,14 +48,6 @@ class Run:
     total: int | None
     command: str
     device: str | None = None
-
-
-def read_json(path: Path) -> Any:
-    """A JSON file; one error naming it if it is not readable JSON."""
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise PositionError(f"{path}: not a readable JSON file ({e})") from None
 
 
 def read_yaml(path: Path) -> dict[str, Any]:
@@ -124,7 +115,11 @@ def _finetune(folder: Path, config: dict[str, Any]) -> Run:
     from posattn.finetune.run import finished_cell
     from posattn.finetune.suite import validate_config
 
-    suite = validate_config(config)   # the cells' ids need the checkpoints' content
+    try:
+        suite = validate_config(config)
+    except PositionError as e:
+        raise PositionError(f"{folder}: a suite's cells are keyed by its checkpoints' content, so its checkpoints "
+                            f"must be on this machine: {e}") from None
     store = Path(suite.cell_store) if suite.cell_store else folder / "cells"
     cells = {c.id: r for c in suite.cells if (r := finished_cell(c, store)) is not None}
     command = f"posattn finetune --config {shlex.quote(str(folder / 'config.yaml'))} --out {shlex.quote(str(folder))}"
@@ -132,23 +127,15 @@ def _finetune(folder: Path, config: dict[str, Any]) -> Run:
 
 
 def _pretrain_cell(run: Path) -> tuple[str, str, dict[str, Any] | None]:
-    """(recipe, label, record) of one pretraining run folder; the record is None until it has finished.
-    A run of a recipe is named ``recipe/label``; a single run's recipe and label are its name."""
+    """(recipe, label, record) of one pretraining run folder; the record (its result, metrics history
+    and config) is None until it has finished. A run of a recipe is named ``recipe/label``; a single
+    run's recipe and label are its name."""
+    from posattn.train.report import finished_run
+
     config = _mapping(read_json(run / "pretrain.json"), run / "pretrain.json", ("name",))
     recipe, _, label = str(config["name"]).rpartition("/")
-    if not (run / "result.json").is_file():
-        return recipe or label, label, None
-    result = _mapping(read_json(run / "result.json"), run / "result.json", ("steps", "valid_loss"))
-    history = []
-    metrics = run / "metrics.jsonl"
-    lines = metrics.read_text(encoding="utf-8").splitlines() if metrics.is_file() else []
-    for i, line in enumerate(lines):
-        try:
-            if line.strip():
-                history.append(json.loads(line))
-        except json.JSONDecodeError as e:
-            raise PositionError(f"{metrics}: line {i + 1} is not JSON ({e})") from None
-    return recipe or label, label, {"label": label, **result, "config": config, "history": history}
+    record = finished_run(run, label)
+    return recipe or label, label, None if record is None else {**record, "config": config}
 
 
 def _pretrain(folder: Path) -> Run:
@@ -170,6 +157,8 @@ def _pretrain(folder: Path) -> Run:
 
 
 def _table3(folder: Path) -> Run:
+    from posattn.hf.table3 import VARIANTS
+
     cells = {}
     for path in sorted((folder / "cells").glob("*.json")):
         cells[path.stem] = _mapping(read_json(path), path, ("variant", "task", "seed", "test", "majority_baseline"))
@@ -177,8 +166,6 @@ def _table3(folder: Path) -> Run:
     match = TABLE3_PROTOCOL.match(str(summary.get("protocol", "")))
     tasks = [t.strip() for t in match["names"].split(",")] if match else sorted({c["task"] for c in cells.values()})
     seeds = int(match["seeds"]) if match else None
-    from posattn.hf.table3 import VARIANTS
-
     first = next(iter(cells.values()))
     training = first.get("training", {})
     command = (f"python -m posattn.hf.table3 --tasks {' '.join(tasks)}"

@@ -91,13 +91,19 @@ def publish(recipe: str, cell_id: str, result: dict[str, Any], prov: dict[str, s
     return True
 
 
+def read_json(path: str | Path) -> Any:
+    """A JSON file (a record, or a result file of a run folder); one error naming it if it is not
+    readable JSON."""
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise PositionError(f"{path}: not a readable JSON file ({e})") from None
+
+
 def read_record(path: str | Path) -> dict[str, Any]:
     """One record, checked: a file that is not a store record gets one error naming it."""
     path = Path(path)
-    try:
-        record = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise PositionError(f"results store: {path} is not a readable JSON record ({e})") from None
+    record = read_json(path)
     if not (isinstance(record, dict) and {"recipe", "id", "kind", "provenance", "result"} <= set(record)
             and record["kind"] in KINDS and path.stem == record["id"]):
         raise PositionError(f"results store: {path} is not a store record (keys recipe, id, kind, provenance, "

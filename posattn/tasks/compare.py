@@ -12,7 +12,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import statistics
 import textwrap
 from dataclasses import asdict, dataclass, fields, replace
 from importlib import resources
@@ -30,7 +29,7 @@ from posattn.mechanisms import registry
 from posattn.models import build_model, load, save
 from posattn.parallel import run_jobs
 from posattn.tasks.generators import TASK_PARAMS, TASKS, TaskError, drop_overlap, generate
-from posattn.tasks.report import write_plots, write_report
+from posattn.tasks.report import select_lr, write_plots, write_report
 from posattn.tasks.train import CHECKPOINT, TrainConfig, evaluate, resolve_device, train
 
 DEFAULT_CONFIG = "default"
@@ -498,25 +497,9 @@ def run_sweep(sweep: Sweep, out: str | Path, workers: int = 1, device: str = "au
         labels = [f"cell {cell.id} ({cell.label})" for cell in sweep.cells]
         results = list(tqdm(run_jobs(_cell_job, jobs, labels, workers, threads), total=len(jobs), desc="cells",
                             disable=not progress, dynamic_ncols=True))
-    _select(results)
+    select_lr(results)
     _write_json(out / "results.json", {"name": sweep.name, "config": sweep.config, "cells_total": len(sweep.cells),
                                        "cells": results})
-    write_report(sweep, results, out)
-    write_plots(sweep, results, out)
+    write_report(sweep.config, results, out, len(sweep.cells))
+    write_plots(sweep.config, results, out)
     return results
-
-
-def _select(results: list[dict]) -> None:
-    """Mark, per (model, width, training length), the learning rate with the best mean validation accuracy."""
-    groups: dict[tuple, dict[float, list[dict]]] = {}
-    for r in results:
-        groups.setdefault((r["label"], r["d_model"], r["train_length"]), {}).setdefault(r["lr"], []).append(r)
-
-    def mean_valid(item: tuple[float, list[dict]]) -> float:
-        return statistics.fmean(-1.0 if r["valid_accuracy"] is None else r["valid_accuracy"] for r in item[1])
-
-    for by_lr in groups.values():
-        best = max(by_lr.items(), key=mean_valid)[0]
-        for lr, rs in by_lr.items():
-            for r in rs:
-                r["selected"] = lr == best

@@ -4,7 +4,6 @@ Each run lives in ``<out>/<label>/`` and resumes or is skipped like a single ``p
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -13,8 +12,8 @@ from tqdm.auto import tqdm
 from ..errors import PositionError
 from ..parallel import run_jobs
 from .config import PretrainConfig
-from .plots import plot_recipe
-from .pretrain import METRICS, RESULT, World, pretrain, resolve_corpus
+from .pretrain import World, pretrain, resolve_corpus
+from .report import finished_run, write_summary
 
 
 def _run_job(job: tuple[PretrainConfig, Path, str, bool], in_worker: bool) -> dict[str, Any]:
@@ -45,28 +44,6 @@ def run_recipe(name: str, runs: list[tuple[str, PretrainConfig]], out: str | Pat
         resolve_corpus("default", World())  # once, here: workers building it at once replaced each other's
     done = list(tqdm(run_jobs(_run_job, jobs, [f"run {label}" for label, _ in runs_now], workers),
                      total=len(jobs), desc=f"recipe {name}", disable=not progress or workers <= 1))
-    finished = [{"label": label, **json.loads((out / label / RESULT).read_text())}
-                for label, _ in runs if (out / label / RESULT).exists()]
-    write_summary(name, finished, out)
+    finished = [r for label, _ in runs if (r := finished_run(out / label, label)) is not None]
+    write_summary(name, finished, out, len(runs))
     return [{"label": label, **r} for (label, _), r in zip(runs_now, done)]
-
-
-def write_summary(name: str, results: list[dict[str, Any]], out: Path) -> None:
-    """``results.json``, ``report.md`` (one row per run) and ``valid_loss.png``."""
-    (out / "results.json").write_text(json.dumps(results, indent=2))
-    clm = results[0]["objective"] == "clm"
-    metric = "perplexity" if clm else "MLM accuracy"
-    lines = [f"# Pretraining recipe `{name}`", "",
-             f"| run | mechanisms | parameters | steps | tokens | held-out loss | held-out {metric} | tokens/s | minutes |",
-             "|---|---|---|---|---|---|---|---|---|"]
-    for r in results:
-        value = r["valid_perplexity"] if clm else r["valid_accuracy"]
-        mechs = " + ".join(m if isinstance(m, str) else m["name"] for m in r["mechanisms"]) or "none"
-        lines.append(f"| {r['label']} | {mechs} | {r['parameters']:,} | {r['steps']} | {r['tokens']:,} | "
-                     f"{r['valid_loss']:.3f} | {value:.3f} | {r['tokens_per_s']:,.0f} | {r['train_seconds'] / 60:.1f} |")
-    (out / "report.md").write_text("\n".join(lines) + "\n")
-    histories = {}
-    for r in results:
-        rows = (out / r["label"] / METRICS).read_text().splitlines()
-        histories[r["label"]] = [json.loads(line) for line in rows if line.strip()]
-    plot_recipe(histories, out / "valid_loss.png", f"{name}: held-out loss")

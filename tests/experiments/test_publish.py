@@ -17,27 +17,14 @@ from posattn.errors import PositionError
 from posattn.experiments import publish, store
 from posattn.experiments.publish import add_run
 from posattn.finetune.suite import validate_config as finetune_config
-from posattn.tasks.compare import run_sweep, validate_config
-
-TINY = {"name": "tiny", "task": "mqar", "task_params": {"num_kv_pairs": 2}, "vocab_size": 16, "train_length": 8,
-        "test_lengths": [8, 16], "examples": {"train": 64, "valid": 16, "test": 16}, "d_model": 8, "seeds": [0, 1],
-        "models": [{"mechanisms": ["rope"], "layers": 1}],
-        "training": {"steps": 3, "batch_size": 8, "lr": 0.01, "eval_every": 3}}
+from posattn.tasks.compare import validate_config
 
 
-@pytest.fixture(scope="module")
-def swept(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A tiny compare sweep (two cells) run for real."""
-    out = tmp_path_factory.mktemp("compare") / "run"
-    run_sweep(validate_config(TINY), out, progress=False)
-    return out
-
-
-def test_compare_cells_with_provenance_and_merge_by_id(swept: Path, tmp_path: Path, capsys) -> None:
+def test_compare_cells_with_provenance_and_merge_by_id(swept: Path, tiny: dict, tmp_path: Path, capsys) -> None:
     results = tmp_path / "results"
     assert cli.main(["results", "add", str(swept), "--results", str(results)]) == 0
-    assert "tiny: 2 cell(s) added, 0 already present, 0 unfinished" in capsys.readouterr().out
-    ids = sorted(c.id for c in validate_config(TINY).cells)
+    assert "tiny: 4 cell(s) added, 0 already present, 0 unfinished" in capsys.readouterr().out
+    ids = sorted(c.id for c in validate_config(tiny).cells)
     records = store.load("tiny", results, kind="cell")
     assert [r["id"] for r in records] == ids
     for r in records:
@@ -45,8 +32,8 @@ def test_compare_cells_with_provenance_and_merge_by_id(swept: Path, tmp_path: Pa
         assert r["provenance"]["command"] == f"posattn compare tiny.yaml --out {swept}"
         assert r["provenance"]["hardware"] == store.hardware() and len(r["provenance"]["date"]) == 10
     recipe = store.load("tiny", results, kind="recipe")[0]["result"]
-    assert recipe["sweep"] == "compare" and recipe["cells_total"] == 2
-    assert recipe["config"] == validate_config(TINY).config
+    assert recipe["sweep"] == "compare" and recipe["cells_total"] == 4
+    assert recipe["config"] == validate_config(tiny).config
 
     # two machines, each with one finished cell: both land, by id; the one already there is kept
     a, b = tmp_path / "a", tmp_path / "b"
@@ -55,10 +42,10 @@ def test_compare_cells_with_provenance_and_merge_by_id(swept: Path, tmp_path: Pa
     shutil.rmtree(a / "cells" / ids[0])
     (b / "cells" / ids[1] / "result.json").unlink()
     merged = tmp_path / "merged"
-    one = "tiny: 1 cell(s) added, 0 already present, 1 unfinished"
-    assert str(add_run(a, root=merged)) == one
-    assert str(add_run(b, root=merged, hardware="another machine")) == one
-    assert str(add_run(swept, root=merged)) == "tiny: 0 cell(s) added, 2 already present, 0 unfinished"
+    assert str(add_run(a, root=merged)) == "tiny: 3 cell(s) added, 0 already present, 1 unfinished"
+    assert str(add_run(b, root=merged, hardware="another machine")) == \
+        "tiny: 1 cell(s) added, 2 already present, 1 unfinished"
+    assert str(add_run(swept, root=merged)) == "tiny: 0 cell(s) added, 4 already present, 0 unfinished"
     by_id = {r["id"]: r for r in store.load("tiny", merged, kind="cell")}
     assert sorted(by_id) == ids
     assert by_id[ids[0]]["provenance"]["hardware"] == "another machine"
@@ -72,7 +59,7 @@ def test_a_cell_missing_a_test_length_is_unfinished(swept: Path, tmp_path: Path)
     result = json.loads(path.read_text())
     del result["accuracy"]["16"]
     path.write_text(json.dumps(result))
-    assert str(add_run(run, root=tmp_path / "results")) == "tiny: 1 cell(s) added, 0 already present, 1 unfinished"
+    assert str(add_run(run, root=tmp_path / "results")) == "tiny: 3 cell(s) added, 0 already present, 1 unfinished"
 
 
 def test_malformed_files_are_refused_naming_them(swept: Path, tmp_path: Path, capsys) -> None:
@@ -91,16 +78,16 @@ def test_malformed_files_are_refused_naming_them(swept: Path, tmp_path: Path, ca
     assert not (tmp_path / "results" / "tiny").exists() or not list((tmp_path / "results" / "tiny").glob("[0-9a-f]*"))
 
 
-def test_another_config_under_the_same_name_is_refused(swept: Path, tmp_path: Path) -> None:
+def test_another_config_under_the_same_name_is_refused(swept: Path, tiny: dict, tmp_path: Path) -> None:
     results = tmp_path / "results"
     add_run(swept, root=results)
     other = tmp_path / "other"
     other.mkdir()
-    (other / "config.yaml").write_text(yaml.safe_dump(validate_config({**TINY, "seeds": [5]}).config))
+    (other / "config.yaml").write_text(yaml.safe_dump(validate_config({**tiny, "seeds": [5]}).config))
     with pytest.raises(PositionError, match="another compare config named 'tiny'.*--recipe"):
         add_run(other, root=results)
     assert str(add_run(other, "tiny_seed5", root=results)) == \
-        "tiny_seed5: 0 cell(s) added, 0 already present, 1 unfinished"
+        "tiny_seed5: 0 cell(s) added, 0 already present, 2 unfinished"
 
 
 def test_history_is_dropped_when_a_record_would_be_too_big(swept: Path, tmp_path: Path, monkeypatch) -> None:
@@ -185,4 +172,4 @@ def test_results_list(swept: Path, tmp_path: Path, capsys) -> None:
     assert "no recipe" in capsys.readouterr().out
     add_run(swept, root=results)
     assert cli.main(["results", "list", "--results", str(results)]) == 0
-    assert "tiny" in (out := capsys.readouterr().out) and "compare" in out and "2/2 cells" in out
+    assert "tiny" in (out := capsys.readouterr().out) and "compare" in out and "4/4 cells" in out
