@@ -9,7 +9,8 @@ import sys
 from .errors import PositionError
 from .heap import keep_freed_memory
 
-AREAS = ["posattn.tasks.cli", "posattn.train.cli", "posattn.bench.cli", "posattn.analysis.cli", "posattn.finetune.cli"]
+AREAS = ["posattn.tasks.cli", "posattn.train.cli", "posattn.bench.cli", "posattn.analysis.cli", "posattn.finetune.cli",
+         "posattn.experiments.cli"]
 
 
 def mechanisms_command(args: argparse.Namespace) -> None:

@@ -7,8 +7,10 @@ Layout: ``results/<recipe>/<cell id>.json``, one record per cell::
                     "posattn": "0.1.0"},
      "result": {...the cell's result record, as the sweep wrote it...}}
 
-``kind`` is ``"cell"`` for a cell's own result and ``"summary"`` for a table whose cells are gone,
-recorded once with its provenance until its cells are re-run. Cell ids come from the cell's
+``kind`` is ``"cell"`` for a cell's own result, ``"summary"`` for a table whose cells are gone,
+recorded once with its provenance until its cells are re-run, and ``"recipe"`` for the one record
+``recipe.json`` that says what the recipe is (the kind of sweep, its config and how many cells it
+has in all), from which ``posattn report`` lays out its tables. Cell ids come from the cell's
 content (its settings), so the same cell run on any machine has the same id: records from
 several machines merge by copying files, and :func:`publish` keeps the record already there.
 No checkpoints or large files: a record over :data:`MAX_BYTES` is refused.
@@ -26,7 +28,8 @@ from posattn.errors import PositionError
 from posattn.runtime.files import check_name, write_json_atomic
 
 ROOT_ENV = "POSATTN_RESULTS"
-KINDS = ("cell", "summary")
+KINDS = ("cell", "summary", "recipe")
+RECIPE_ID = "recipe"
 MAX_BYTES = 1 << 20  # one record; the store holds results, not models
 
 
@@ -88,13 +91,19 @@ def publish(recipe: str, cell_id: str, result: dict[str, Any], prov: dict[str, s
     return True
 
 
+def read_json(path: str | Path) -> Any:
+    """A JSON file (a record, or a result file of a run folder); one error naming it if it is not
+    readable JSON."""
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise PositionError(f"{path}: not a readable JSON file ({e})") from None
+
+
 def read_record(path: str | Path) -> dict[str, Any]:
     """One record, checked: a file that is not a store record gets one error naming it."""
     path = Path(path)
-    try:
-        record = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise PositionError(f"results store: {path} is not a readable JSON record ({e})") from None
+    record = read_json(path)
     if not (isinstance(record, dict) and {"recipe", "id", "kind", "provenance", "result"} <= set(record)
             and record["kind"] in KINDS and path.stem == record["id"]):
         raise PositionError(f"results store: {path} is not a store record (keys recipe, id, kind, provenance, "

@@ -1,4 +1,6 @@
-"""``report.md`` and PNG plots of a finished ``posattn finetune`` sweep, in the papers' layout.
+"""``report.md`` and PNG plots of a ``posattn finetune`` sweep, in the papers' layout, from its cells'
+result records (the sweep itself and ``posattn report`` share them: the suite's normalized config
+and a summary ``{cells, cells_total, cell_seconds, cell_cpu_seconds[, wall_seconds]}``).
 
 One row per model, one column per task (MNLI as MNLI-m and MNLI-mm), scores ×100, and the
 average of the columns as the suite score. As in Chang et al. (Appendix A.2) the suite score is
@@ -10,16 +12,14 @@ from __future__ import annotations
 import math
 import statistics
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import matplotlib
 
 from ..claims import SIGMAS, judge, parse_claims, report_row
 from ..markdown import table as md_table
+from ..runtime.files import write_text_atomic
 from .tasks import TASKS
-
-if TYPE_CHECKING:
-    from .suite import Suite
 
 
 def columns(tasks: list[str]) -> list[tuple[str, str, str]]:
@@ -52,9 +52,9 @@ def median(values: list[float]) -> str:
     return f"{statistics.median(values):.1f}" if values else "–"
 
 
-def write_report(suite: Suite, summary: dict[str, Any], out: Path) -> Path:
-    """Write ``report.md``: mean ± s.e. and median tables, all metrics, baselines, settings and notes."""
-    cfg, cells = suite.config, summary["cells"]
+def report_text(config: dict[str, Any], summary: dict[str, Any]) -> str:
+    """``report.md``: mean ± s.e. and median tables, all metrics, baselines, settings and notes."""
+    cfg, cells = config, summary["cells"]
     tasks, labels = cfg["tasks"], [c["label"] for c in cfg["checkpoints"]]
     cols = columns(tasks)
     header = ["model", "params", *(title for _, _, title in cols), "Avg"]
@@ -68,7 +68,7 @@ def write_report(suite: Suite, summary: dict[str, Any], out: Path) -> Path:
     chance = ["majority class", "-", *(f"{100 * first[t]['baseline'][s]['score']:.1f}" if first[t].get("baseline")
                                        else "–" for t, s, _ in cols), ""]
     seeds = cfg["seeds"]
-    lines = [f"# posattn finetune: {suite.name}", "",
+    lines = [f"# posattn finetune: {cfg['name']}", "",
              f"Test scores ×100, {len(seeds)} seed(s) {seeds}; Avg = mean of the columns, computed per seed. "
              "Metrics: " + "; ".join(f"{TASKS[t].title} {'/'.join(TASKS[t].metrics)}" for t in tasks) +
              " (a task with two metrics scores their mean, as on the GLUE leaderboard). `–`: no finished cell.", "",
@@ -115,21 +115,27 @@ def write_report(suite: Suite, summary: dict[str, Any], out: Path) -> Path:
                       f"in file order: {total['unsorted_tokens']:,} positions, {total['unsorted_seconds']:.1f} s "
                       f"({total['unsorted_seconds'] / max(total['sorted_seconds'], 1e-9):.2f}x the time)."]
     diverged = [c for c in cells if c.get("diverged")]
-    lines += ["", f"Wall time of this invocation: {summary['wall_seconds']:.0f} s; fine-tuning summed over "
-                  f"{len(cells)} cells: {summary['cell_seconds']:.0f} s wall, {summary['cell_cpu_seconds']:.0f} s CPU "
-                  f"(a loaded machine stretches wall time; CPU time of single-threaded cells is what they need)."]
+    wall = f"Wall time of this invocation: {summary['wall_seconds']:.0f} s; " if "wall_seconds" in summary else ""
+    lines += ["", f"{wall}fine-tuning summed over {len(cells)} cells: {summary['cell_seconds']:.0f} s wall, "
+                  f"{summary['cell_cpu_seconds']:.0f} s CPU (a loaded machine stretches wall time; CPU time of "
+                  f"single-threaded cells is what they need)."]
     if diverged:
         lines += ["", "Diverged (left out of the means): " + "; ".join(
             f"{c['label']} {c['task']} seed {c['seed']}: {c['diverged']}" for c in diverged)]
+    return "\n".join(lines) + "\n"
+
+
+def write_report(config: dict[str, Any], summary: dict[str, Any], out: Path) -> Path:
+    """Write :func:`report_text` into ``out/report.md``."""
     path = out / "report.md"
-    path.write_text("\n".join(lines) + "\n")
+    write_text_atomic(path, report_text(config, summary))
     return path
 
 
-def write_plots(suite: Suite, summary: dict[str, Any], out: Path) -> list[Path]:
+def write_plots(config: dict[str, Any], summary: dict[str, Any], out: Path) -> list[Path]:
     """The sweep's :func:`plot_scores`."""
-    labels = [c["label"] for c in suite.config["checkpoints"]]
-    return plot_scores(suite.name, labels, suite.config["tasks"], summary["cells"], out)
+    labels = [c["label"] for c in config["checkpoints"]]
+    return plot_scores(config["name"], labels, config["tasks"], summary["cells"], out)
 
 
 def plot_scores(name: str, labels: list[str], tasks: list[str], cells: list[dict], out: Path) -> list[Path]:

@@ -311,5 +311,5 @@ def _write_summary(suite: Suite, results: list[dict], out: Path, wall: float) ->
                "cell_cpu_seconds": round(sum(r.get("cpu_seconds", 0) for r in results), 1),
                "cells_total": len(suite.cells), "cells": results}
     write_json_atomic(out / "results.json", summary)
-    write_report(suite, summary, out)
-    write_plots(suite, summary, out)
+    write_report(suite.config, summary, out)
+    write_plots(suite.config, summary, out)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import statistics
 import textwrap
 from dataclasses import asdict, dataclass, fields, replace
 from importlib import resources
@@ -30,7 +29,7 @@ from posattn.mechanisms import registry
 from posattn.models import build_model, load, save
 from posattn.runtime.files import write_json_atomic
 from posattn.tasks.generators import TASK_PARAMS, TASKS, TaskError, drop_overlap, generate
-from posattn.tasks.report import write_plots, write_report
+from posattn.tasks.report import select_lr, write_plots, write_report
 from posattn.tasks.train import CHECKPOINT, TrainConfig, evaluate, resolve_device, train
 
 DEFAULT_CONFIG = "default"
@@ -499,25 +498,9 @@ def run_sweep(sweep: Sweep, out: str | Path, executor: Executor | None = None, d
         outcomes = (executor or LocalExecutor()).map(_cell_job, jobs, labels, read=_read_cell)
         results = [r for r in tqdm(outcomes, total=len(jobs), desc="cells", disable=not progress, dynamic_ncols=True)
                    if not isinstance(r, NotStarted)]
-    _select(results)
+    select_lr(results)
     write_json_atomic(out / "results.json", {"name": sweep.name, "config": sweep.config,
                                              "cells_total": len(sweep.cells), "cells": results})
-    write_report(sweep, results, out)
-    write_plots(sweep, results, out)
+    write_report(sweep.config, results, out, len(sweep.cells))
+    write_plots(sweep.config, results, out)
     return results
-
-
-def _select(results: list[dict]) -> None:
-    """Mark, per (model, width, training length), the learning rate with the best mean validation accuracy."""
-    groups: dict[tuple, dict[float, list[dict]]] = {}
-    for r in results:
-        groups.setdefault((r["label"], r["d_model"], r["train_length"]), {}).setdefault(r["lr"], []).append(r)
-
-    def mean_valid(item: tuple[float, list[dict]]) -> float:
-        return statistics.fmean(-1.0 if r["valid_accuracy"] is None else r["valid_accuracy"] for r in item[1])
-
-    for by_lr in groups.values():
-        best = max(by_lr.items(), key=mean_valid)[0]
-        for lr, rs in by_lr.items():
-            for r in rs:
-                r["selected"] = lr == best

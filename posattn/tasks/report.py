@@ -1,18 +1,43 @@
-"""Tables (``report.md``) and plots (PNG) of a finished ``posattn compare`` sweep."""
+"""Tables (``report.md``) and plots (PNG) of a ``posattn compare`` sweep, from its cells' result records.
+
+Everything here reads the sweep's normalized config (``Sweep.config``, also kept in the results
+store's ``recipe.json``) and a list of result records, so that the sweep itself and ``posattn
+report`` (records from ``results/`` and local run folders) write the same report.
+"""
 
 from __future__ import annotations
 
 import statistics
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import matplotlib
 
 from posattn.claims import SIGMAS, combine, judge, parse_claims, report_row
 from posattn.markdown import table as md_table
+from posattn.runtime.files import write_text_atomic
 
-if TYPE_CHECKING:
-    from posattn.tasks.compare import Sweep
+
+def test_lengths(config: dict[str, Any]) -> dict[int, list[int]]:
+    """Training length -> its sorted test lengths, from a normalized config."""
+    return {int(n): list(lengths) for n, lengths in config["test_lengths"].items()}
+
+
+def select_lr(results: list[dict]) -> None:
+    """Mark (``selected``), per (model, width, training length), the learning rate with the best mean
+    validation accuracy over seeds (a diverged cell counts as -1)."""
+    groups: dict[tuple, dict[float, list[dict]]] = {}
+    for r in results:
+        groups.setdefault((r["label"], r["d_model"], r["train_length"]), {}).setdefault(r["lr"], []).append(r)
+
+    def mean_valid(item: tuple[float, list[dict]]) -> float:
+        return statistics.fmean(-1.0 if r["valid_accuracy"] is None else r["valid_accuracy"] for r in item[1])
+
+    for by_lr in groups.values():
+        best = max(by_lr.items(), key=mean_valid)[0]
+        for lr, rs in by_lr.items():
+            for r in rs:
+                r["selected"] = lr == best
 
 
 def _selected(results: list[dict], label: str, d_model: int, train_length: int) -> list[dict]:
@@ -49,28 +74,28 @@ def _mean_std(cells: list[dict], length: int, missing: str = "n/a") -> str:
     return f"{statistics.fmean(values):.3f} ± {statistics.stdev(values):.3f}"
 
 
-def _labels(sweep: Sweep) -> list[str]:
-    return [m["label"] for m in sweep.config["models"]]
+def _labels(config: dict[str, Any]) -> list[str]:
+    return [m["label"] for m in config["models"]]
 
 
-def claim_settings(sweep: Sweep, at: dict[str, Any]) -> list[tuple[int, int, int]]:
+def claim_settings(config: dict[str, Any], at: dict[str, Any]) -> list[tuple[int, int, int]]:
     """(d_model, training length, test length) settings that a claim's ``at`` covers."""
-    cfg, out = sweep.config, []
-    for n in cfg["train_length"]:
+    lengths, out = test_lengths(config), []
+    for n in config["train_length"]:
         length = at.get("length", "train")
-        m = n if length == "train" else max(sweep.test_lengths[n]) if length == "longest" else length
-        if at.get("train_length", n) == n and m in sweep.test_lengths[n]:
-            out += [(d, n, m) for d in cfg["d_model"] if at.get("d_model", d) == d]
+        m = n if length == "train" else max(lengths[n]) if length == "longest" else length
+        if at.get("train_length", n) == n and m in lengths[n]:
+            out += [(d, n, m) for d in config["d_model"] if at.get("d_model", d) == d]
     return out
 
 
-def claim_rows(sweep: Sweep, results: list[dict]) -> list[list[str]]:
+def claim_rows(config: dict[str, Any], results: list[dict]) -> list[list[str]]:
     """One row per claim: every setting it covers judged on per-seed accuracies, then combined."""
     rows = []
-    for c in parse_claims(sweep.config["claims"], [], optional=("at",)):
+    for c in parse_claims(config["claims"], [], optional=("at",)):
         verdicts, details = [], []
-        for d, n, m in claim_settings(sweep, c.at):
-            stats = {label: _accuracies(_selected(results, label, d, n), m) for label in _labels(sweep)}
+        for d, n, m in claim_settings(config, c.at):
+            stats = {label: _accuracies(_selected(results, label, d, n), m) for label in _labels(config)}
             verdict, lines = judge(c, stats)
             verdicts.append(verdict)
             details.append(f"d={d}, trained {n}, tested {m}: " + "; ".join(lines))
@@ -78,11 +103,12 @@ def claim_rows(sweep: Sweep, results: list[dict]) -> list[list[str]]:
     return rows
 
 
-def write_report(sweep: Sweep, results: list[dict], out: Path) -> Path:
-    """Write ``report.md``: accuracy vs test length per (training length, width), and accuracy vs width."""
-    cfg, tr = sweep.config, sweep.config["training"]
+def report_text(config: dict[str, Any], results: list[dict], cells_total: int) -> str:
+    """``report.md``: accuracy vs test length per (training length, width), accuracy vs width, the
+    claims; ``results`` carry ``selected`` (:func:`select_lr`); fewer than ``cells_total`` is partial."""
+    cfg, tr, all_lengths = config, config["training"], test_lengths(config)
     params = ", ".join(f"{k}={v}" for k, v in cfg["task_params"].items()) or "defaults"
-    lines = [f"# posattn compare: {sweep.name}", "",
+    lines = [f"# posattn compare: {cfg['name']}", "",
              f"Task `{cfg['task']}` ({params}), vocabulary {cfg['vocab_size']}; "
              f"{cfg['examples']['train']} training, {cfg['examples']['valid']} validation and up to "
              f"{cfg['examples']['test']} test examples per length (test examples also in the training set are dropped). "
@@ -90,20 +116,20 @@ def write_report(sweep: Sweep, results: list[dict], out: Path) -> Path:
              f"(best by validation accuracy), warmup {tr['warmup']} + cosine, early stop at validation accuracy "
              f"{tr['target_accuracy']}; seeds {cfg['seeds']} (mean ± sample std over seeds). Accuracy = fraction of scored tokens "
              f"predicted exactly. `n/a` = the model cannot run that length (reasons below).", ""]
-    if len(results) < len(sweep.cells):
-        lines += [f"**Partial: {len(results)} of {len(sweep.cells)} cells finished.** A model's learning rate is the "
+    if len(results) < cells_total:
+        lines += [f"**Partial: {len(results)} of {cells_total} cells finished.** A model's learning rate is the "
                   f"best among its finished ones, the steps column has one entry per finished seed, `–` marks a "
                   f"learning rate with no finished cell, and a claim with fewer than 2 seeds of a row is not "
                   f"measured. Rerun the sweep to finish it.", ""]
     reasons: dict[str, str] = {}
     for n in cfg["train_length"]:
-        lengths = sweep.test_lengths[n]
+        lengths = all_lengths[n]
         for d in cfg["d_model"]:
             lines += [f"## Accuracy vs test length (trained at {n}, d_model {d})", ""]
             header = ["model", "params", "lr", "steps", "train s",
                       *(f"{m} (train)" if m == n else str(m) for m in lengths)]
             rows = []
-            for label in _labels(sweep):
+            for label in _labels(cfg):
                 cells = _selected(results, label, d, n)
                 if not cells:
                     continue
@@ -120,28 +146,33 @@ def write_report(sweep: Sweep, results: list[dict], out: Path) -> Path:
                           f"the row above uses the lr with the best mean validation accuracy.", ""]
                 grid = [[label, *(_mean_std([r for r in results if r["label"] == label and r["d_model"] == d
                                              and r["train_length"] == n and r["lr"] == lr], n, missing="–")
-                                  for lr in tr["lr"])] for label in _labels(sweep)]
+                                  for lr in tr["lr"])] for label in _labels(cfg)]
                 lines += md_table(["model", *(f"lr {lr:g}" for lr in tr["lr"])], grid)
         lines += [f"## Accuracy vs width (trained and tested at {n})", ""]
         rows = [[label, *(_mean_std(_selected(results, label, d, n), n, missing="–") for d in cfg["d_model"])]
-                for label in _labels(sweep)]
+                for label in _labels(cfg)]
         lines += md_table(["model", *(f"d={d}" for d in cfg["d_model"])], rows)
     if cfg.get("claims"):
         lines += [f"## The paper's claims, judged on test accuracy at the best lr (a difference counts beyond "
-                  f"{SIGMAS:g} s.e.)", "", *md_table(["claim", "paper", "ours", "verdict"], claim_rows(sweep, results))]
+                  f"{SIGMAS:g} s.e.)", "", *md_table(["claim", "paper", "ours", "verdict"], claim_rows(cfg, results))]
     if reasons:
         lines += ["## Not applicable", ""] + [f"- {k}: {v}" for k, v in sorted(reasons.items())] + [""]
+    return "\n".join(lines)
+
+
+def write_report(config: dict[str, Any], results: list[dict], out: Path, cells_total: int) -> Path:
+    """Write :func:`report_text` into ``out/report.md``."""
     path = out / "report.md"
-    path.write_text("\n".join(lines))
+    write_text_atomic(path, report_text(config, results, cells_total))
     return path
 
 
-def write_plots(sweep: Sweep, results: list[dict], out: Path) -> list[Path]:
+def write_plots(config: dict[str, Any], results: list[dict], out: Path) -> list[Path]:
     """PNG plots: accuracy vs test length (one line per model) and accuracy vs width."""
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    cfg, paths = sweep.config, []
+    cfg, paths, all_lengths = config, [], test_lengths(config)
 
     def finish(ax: plt.Axes, title: str, xlabel: str, name: str) -> None:
         ax.set(title=title, xlabel=xlabel, ylabel="accuracy", ylim=(-0.02, 1.02))
@@ -157,17 +188,17 @@ def write_plots(sweep: Sweep, results: list[dict], out: Path) -> list[Path]:
         return float("nan") if v is None else v
 
     for n in cfg["train_length"]:
-        lengths = sweep.test_lengths[n]
+        lengths = all_lengths[n]
         for d in cfg["d_model"]:
             _, ax = plt.subplots(figsize=(6, 4))
-            for label in _labels(sweep):
+            for label in _labels(cfg):
                 ax.plot(lengths, [nan(mean_accuracy(results, label, d, n, m)) for m in lengths], marker="o", label=label)
             ax.set_xscale("log", base=2)
             ax.set_xticks(lengths, [str(m) for m in lengths])
             ax.axvline(n, color="grey", linestyle=":")
             finish(ax, f"{cfg['task']}: trained at {n}, d_model {d}", "test length", f"accuracy_vs_length_L{n}_d{d}.png")
         _, ax = plt.subplots(figsize=(6, 4))
-        for label in _labels(sweep):
+        for label in _labels(cfg):
             ax.plot(cfg["d_model"], [nan(mean_accuracy(results, label, d, n, n)) for d in cfg["d_model"]],
                     marker="o", label=label)
         ax.set_xscale("log", base=2)

@@ -12,10 +12,9 @@ from tqdm.auto import tqdm
 
 from ..errors import PositionError
 from ..experiments.executors import Executor, LocalExecutor, NotStarted
-from ..runtime.files import write_json_atomic
 from .config import PretrainConfig
-from .plots import plot_recipe
-from .pretrain import METRICS, RESULT, World, pretrain, resolve_corpus
+from .pretrain import RESULT, World, pretrain, resolve_corpus
+from .report import finished_run, write_summary
 
 
 def _run_job(job: tuple[PretrainConfig, Path, str, bool], in_worker: bool) -> dict[str, Any]:
@@ -57,32 +56,7 @@ def run_recipe(name: str, runs: list[tuple[str, PretrainConfig]], out: str | Pat
         resolve_corpus("default", World())  # once, here: workers building it at once replaced each other's
     done = list(tqdm(executor.map(_run_job, jobs, [f"run {label}" for label, _ in runs_now], read=_read_run),
                      total=len(jobs), desc=f"recipe {name}", disable=not progress or executor.in_process))
-    finished = [{"label": label, **json.loads((out / label / RESULT).read_text())}
-                for label, _ in runs if (out / label / RESULT).exists()]
+    finished = [r for label, _ in runs if (r := finished_run(out / label, label)) is not None]
     if finished:
-        write_summary(name, finished, out, total=len(runs))
+        write_summary(name, finished, out, len(runs))
     return [{"label": label, **r} for (label, _), r in zip(runs_now, done) if not isinstance(r, NotStarted)]
-
-
-def write_summary(name: str, results: list[dict[str, Any]], out: Path, total: int | None = None) -> None:
-    """``results.json``, ``report.md`` (one row per run; marked partial when fewer than ``total``
-    runs are finished) and ``valid_loss.png``."""
-    write_json_atomic(out / "results.json", results, indent=2)
-    clm = results[0]["objective"] == "clm"
-    metric = "perplexity" if clm else "MLM accuracy"
-    lines = [f"# Pretraining recipe `{name}`", "",
-             f"| run | mechanisms | parameters | steps | tokens | held-out loss | held-out {metric} | tokens/s | minutes |",
-             "|---|---|---|---|---|---|---|---|---|"]
-    if total is not None and len(results) < total:
-        lines[1:1] = ["", f"**Partial: {len(results)} of {total} runs finished.** Rerun the recipe to finish it."]
-    for r in results:
-        value = r["valid_perplexity"] if clm else r["valid_accuracy"]
-        mechs = " + ".join(m if isinstance(m, str) else m["name"] for m in r["mechanisms"]) or "none"
-        lines.append(f"| {r['label']} | {mechs} | {r['parameters']:,} | {r['steps']} | {r['tokens']:,} | "
-                     f"{r['valid_loss']:.3f} | {value:.3f} | {r['tokens_per_s']:,.0f} | {r['train_seconds'] / 60:.1f} |")
-    (out / "report.md").write_text("\n".join(lines) + "\n")
-    histories = {}
-    for r in results:
-        rows = (out / r["label"] / METRICS).read_text().splitlines()
-        histories[r["label"]] = [json.loads(line) for line in rows if line.strip()]
-    plot_recipe(histories, out / "valid_loss.png", f"{name}: held-out loss")

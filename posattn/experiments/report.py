@@ -1,0 +1,146 @@
+"""``posattn report RECIPE``: a recipe's tables, claims and plots, from the results store plus local runs.
+
+The cells of ``results/<recipe>/`` and of any run folders given (merged by id; the store's record
+of a cell wins) go through the report code of their kind of sweep, the same functions the sweep
+itself calls: :mod:`posattn.tasks.report` (compare), :mod:`posattn.finetune.report` (fine-tuning
+suites), :mod:`posattn.train.report` (pretraining recipes) and :mod:`posattn.hf.table3`. A
+recipe known only by summary records (tables whose cells are gone) is rendered from that data by
+:mod:`posattn.experiments.summary`; while its cells are re-run, the summary tables follow the
+partial report until every cell is present. The report says how many of the recipe's cells are
+present.
+"""
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from posattn.errors import PositionError
+from posattn.experiments import store
+from posattn.experiments.publish import comparable
+from posattn.experiments.runs import read_run
+from posattn.experiments.summary import summary_report
+from posattn.runtime.files import write_json_atomic, write_text_atomic
+
+
+@dataclass
+class Gathered:
+    """What is known of a recipe: its sweep and config (from ``recipe.json`` or a run folder), its
+    finished cells by id, and its summary records."""
+
+    recipe: str
+    sweep: str | None = None
+    config: dict[str, Any] = field(default_factory=dict)
+    total: int | None = None
+    cells: dict[str, dict[str, Any]] = field(default_factory=dict)
+    summaries: list[dict[str, Any]] = field(default_factory=list)
+
+    def counts(self) -> str:
+        """``N of M cells present (K missing)``, or what the summary data holds."""
+        if self.cells or self.sweep:
+            if self.total is None:
+                return f"{self.recipe}: {len(self.cells)} cells present (the recipe's total is not known)"
+            return (f"{self.recipe}: {len(self.cells)} of {self.total} cells present "
+                    f"({max(0, self.total - len(self.cells))} missing)")
+        dates = sorted({r["provenance"]["date"] for r in self.summaries})
+        return (f"{self.recipe}: no cells; {len(self.summaries)} summary table(s) measured {', '.join(dates)}, "
+                f"regenerated from their recorded numbers")
+
+
+def gather(recipe: str, root: str | Path | None = None, runs: list[str | Path] = ()) -> Gathered:
+    """The records of ``recipe`` in the store plus the finished cells of ``runs``; one error if there is
+    nothing, or if a run folder holds another config under this name."""
+    got = Gathered(store.check_name(recipe, "recipe"))
+    for record in store.load(recipe, root):
+        if record["kind"] == "recipe":
+            got.sweep, got.config, got.total = (record["result"]["sweep"], record["result"]["config"],
+                                                record["result"]["cells_total"])
+        elif record["kind"] == "summary":
+            got.summaries.append(record)
+        else:
+            got.cells[record["id"]] = record["result"]
+    for folder in runs:
+        run = read_run(folder)
+        if got.sweep is None:
+            got.sweep, got.config, got.total = run.sweep, run.config, run.total
+        elif run.sweep != got.sweep or comparable(run.sweep, run.config) != comparable(got.sweep, got.config):
+            raise PositionError(f"{folder}: its {run.sweep} config is not the one of recipe {recipe!r} in the store")
+        for cell_id, result in run.cells.items():
+            got.cells.setdefault(cell_id, result)
+    if got.sweep is None and not got.summaries:
+        known = ", ".join(store.recipes(root)) or "none"
+        raise PositionError(f"no recipe {recipe!r} in {store.results_root(root)}/ and no run folder given "
+                            f"(recipes there: {known}); add cells with `posattn results add RUN`")
+    return got
+
+
+def _compare(got: Gathered, out: Path | None) -> str:
+    from posattn.tasks.report import report_text, select_lr, write_plots
+
+    results = sorted(copy.deepcopy(list(got.cells.values())),
+                     key=lambda r: (r["train_length"], r["d_model"], r["label"], r["lr"], r["seed"]))
+    select_lr(results)
+    text = report_text(got.config, results, got.total or len(results))
+    if out is not None:
+        write_json_atomic(out / "results.json", {"name": got.recipe, "config": got.config,
+                                                 "cells_total": got.total, "cells": results})
+        write_plots(got.config, results, out)
+    return text
+
+
+def _finetune(got: Gathered, out: Path | None) -> str:
+    from posattn.finetune.report import report_text, write_plots
+
+    cells = sorted(got.cells.values(), key=lambda c: (c["seed"], c["label"], c["task"]))
+    summary = {"name": got.recipe, "config": got.config, "cells_total": got.total or len(cells),
+               "cell_seconds": round(sum(c.get("train_seconds", 0) for c in cells), 1),
+               "cell_cpu_seconds": round(sum(c.get("cpu_seconds", 0) for c in cells), 1), "cells": cells}
+    if out is not None:
+        write_json_atomic(out / "results.json", summary)
+        write_plots(got.config, summary, out)
+    return report_text(got.config, summary)
+
+
+def _pretrain(got: Gathered, out: Path | None) -> str:
+    from posattn.train.report import summary_text, write_summary
+
+    order = {label: i for i, label in enumerate(got.config.get("labels", []))}
+    results = sorted(got.cells.values(), key=lambda r: (order.get(r["label"], len(order)), r["label"]))
+    if out is not None:
+        write_summary(got.recipe, results, out, got.total)
+    return summary_text(got.recipe, results, got.total)
+
+
+def _table3(got: Gathered, out: Path | None) -> str:
+    from posattn.hf.table3 import report, summarise, write
+
+    cells, tasks = list(got.cells.values()), got.config["tasks"]
+    folder = str(got.config.get("model") or "model")
+    meta = {"model": Path(folder).name, "protocol": got.config.get("protocol") or ""}
+    if out is not None:
+        write(out, cells, tasks, meta["model"], folder, meta["protocol"], plots=True)
+    return report(cells, summarise(cells, tasks), tasks, meta)
+
+
+REPORTS = {"compare": _compare, "finetune": _finetune, "pretrain": _pretrain, "table3": _table3}
+
+
+def build(recipe: str, root: str | Path | None = None, runs: list[str | Path] = (),
+          out: str | Path | None = None) -> tuple[Gathered, str]:
+    """The recipe's report text; with ``out``, also written there (report.md, results.json, plots)."""
+    got = gather(recipe, root, runs)
+    folder = None if out is None else Path(out)
+    if folder is not None:
+        folder.mkdir(parents=True, exist_ok=True)
+    if got.sweep is None or (not got.cells and got.summaries):
+        text = summary_report(recipe, got.summaries, root)
+        if folder is not None:
+            write_json_atomic(folder / "results.json", {"name": recipe, "summaries": got.summaries})
+    else:
+        text = REPORTS[got.sweep](got, folder)
+        if got.summaries and len(got.cells) < (got.total or 0):   # the measured table stands until the cells do
+            text += "\n\n" + summary_report(recipe, got.summaries, root)
+    if folder is not None:
+        write_text_atomic(folder / "report.md", text)
+    return got, text

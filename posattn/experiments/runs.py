@@ -1,0 +1,178 @@
+"""What a run folder holds, whatever sweep wrote it: its recipe, config, finished cells and command.
+
+Four kinds of run folder exist, each read here into one :class:`Run`:
+
+- a ``posattn compare`` sweep: ``config.yaml`` (``task``, ``models``) and ``cells/<id>/result.json``;
+  a cell is finished when it has an accuracy at every test length of its training length;
+- a ``posattn finetune`` suite: ``config.yaml`` (``tasks``, ``checkpoints``) whose cells live in
+  ``<run>/cells`` or in the shared ``cell_store`` it names; the suite's cells are known by
+  validating that config again (its checkpoints must be on this machine: cell ids key them by
+  content), and :func:`posattn.finetune.run.finished_cell` reads each one back;
+- a ``posattn pretrain`` run (``pretrain.json``, ``result.json``, ``metrics.jsonl``) or recipe
+  (one such folder per run label): a cell is a run, its id is its label, and its record holds
+  the run's config and its metrics history;
+- the TISA Table 3 study (``python -m posattn.hf.table3``): ``cells/<variant>-<task>-<seed>.json``
+  and ``results.json`` (its ``protocol`` says how many tasks and seeds it has).
+
+Only small result files are read: no model, checkpoint or tensor file is opened.
+"""
+from __future__ import annotations
+
+import math
+import re
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from posattn.errors import PositionError
+from posattn.experiments.store import read_json
+
+TABLE3_RECIPE = "tisa_table3"
+TABLE3_PROTOCOL = re.compile(r"^(?P<tasks>\d+) tasks \((?P<names>[^)]*)\), (?P<seeds>\d+) seeds")
+
+
+@dataclass
+class Run:
+    """A run folder read back: ``cells`` maps each finished cell's id to its result record;
+    ``total`` is how many cells the recipe has in all (None where the folder cannot tell);
+    ``config`` is what ``posattn report`` needs to lay out the recipe's tables."""
+
+    folder: Path
+    sweep: str
+    recipe: str
+    config: dict[str, Any]
+    cells: dict[str, dict[str, Any]]
+    total: int | None
+    command: str
+    device: str | None = None
+
+
+def read_yaml(path: Path) -> dict[str, Any]:
+    """A YAML mapping; one error naming the file otherwise."""
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
+        raise PositionError(f"{path}: not a readable YAML file ({e})") from None
+    if not isinstance(raw, dict):
+        raise PositionError(f"{path}: the top level must be a mapping of config keys")
+    return raw
+
+
+def _mapping(value: Any, path: Path, keys: tuple[str, ...]) -> dict[str, Any]:
+    """``value`` if it is a mapping holding ``keys``, else one error naming ``path``."""
+    if not isinstance(value, dict) or not set(keys) <= set(value):
+        raise PositionError(f"{path}: not a result record of this kind of run (needs the keys {', '.join(keys)})")
+    return value
+
+
+def read_run(folder: str | Path) -> Run:
+    """The :class:`Run` of ``folder``; one error if it is no kind of run folder."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise PositionError(f"run folder {folder}: no such folder")
+    if (folder / "config.yaml").is_file():
+        config = read_yaml(folder / "config.yaml")
+        if {"task", "models"} <= set(config):
+            return _compare(folder, config)
+        if {"tasks", "checkpoints"} <= set(config):
+            return _finetune(folder, config)
+        raise PositionError(f"{folder / 'config.yaml'}: neither a compare sweep's nor a finetune suite's config")
+    if (folder / "pretrain.json").is_file() or any(folder.glob("*/pretrain.json")):
+        return _pretrain(folder)
+    if any((folder / "cells").glob("*.json")):
+        return _table3(folder)
+    raise PositionError(f"{folder} is not a run folder: no compare/finetune config.yaml, no pretraining run "
+                        f"(pretrain.json) and no Table 3 cells (cells/*.json)")
+
+
+def _compare(folder: Path, config: dict[str, Any]) -> Run:
+    from posattn.tasks.compare import builtin_configs, load_config, validate_config
+
+    name = str(config.get("name"))
+    lengths = config.get("test_lengths") or {}
+    cells = {}
+    for path in sorted((folder / "cells").glob("*/result.json")):
+        result = _mapping(read_json(path), path, ("id", "train_length", "accuracy"))
+        if result["id"] != path.parent.name:
+            raise PositionError(f"{path}: its id {result['id']!r} is not its folder's name")
+        if all(str(n) in result["accuracy"] for n in lengths.get(str(result["train_length"]), [None])):
+            cells[result["id"]] = result
+    try:
+        total = math.prod(len(config[k]) for k in ("seeds", "train_length", "d_model", "models")) \
+            * len(config["training"]["lr"])
+    except (KeyError, TypeError) as e:
+        raise PositionError(f"{folder / 'config.yaml'}: not a compare sweep's config (no {e})") from None
+    builtin = name in builtin_configs() and validate_config(load_config(name)).config == config
+    out = "" if folder == Path(f"runs/compare-{name}") else f" --out {shlex.quote(str(folder))}"
+    command = f"posattn compare {name if builtin else name + '.yaml'}{out}"   # a config file is named by its sweep
+    return Run(folder, "compare", name, config, cells, total, command)
+
+
+def _finetune(folder: Path, config: dict[str, Any]) -> Run:
+    from posattn.finetune.run import finished_cell
+    from posattn.finetune.suite import validate_config
+
+    try:
+        suite = validate_config(config)
+    except PositionError as e:
+        raise PositionError(f"{folder}: a suite's cells are keyed by its checkpoints' content, so its checkpoints "
+                            f"must be on this machine: {e}") from None
+    store = Path(suite.cell_store) if suite.cell_store else folder / "cells"
+    cells = {c.id: r for c in suite.cells if (r := finished_cell(c, store)) is not None}
+    command = f"posattn finetune --config {shlex.quote(str(folder / 'config.yaml'))} --out {shlex.quote(str(folder))}"
+    return Run(folder, "finetune", suite.name, suite.config, cells, len(suite.cells), command)
+
+
+def _pretrain_cell(run: Path) -> tuple[str, str, dict[str, Any] | None]:
+    """(recipe, label, record) of one pretraining run folder; the record (its result, metrics history
+    and config) is None until it has finished. A run of a recipe is named ``recipe/label``; a single
+    run's recipe and label are its name."""
+    from posattn.train.report import finished_run
+
+    config = _mapping(read_json(run / "pretrain.json"), run / "pretrain.json", ("name",))
+    recipe, _, label = str(config["name"]).rpartition("/")
+    record = finished_run(run, label)
+    return recipe or label, label, None if record is None else {**record, "config": config}
+
+
+def _pretrain(folder: Path) -> Run:
+    from posattn.train.config import builtin_configs, load
+
+    single = (folder / "pretrain.json").is_file()
+    runs = [folder] if single else sorted(p.parent for p in folder.glob("*/pretrain.json"))
+    read = [_pretrain_cell(r) for r in runs]
+    recipes = sorted({recipe for recipe, _, _ in read})
+    if len(recipes) > 1:
+        raise PositionError(f"{folder}: runs of several recipes ({', '.join(recipes)}); add each recipe's folder")
+    recipe, builtin = recipes[0], recipes[0] in builtin_configs()
+    cells = {label: record for _, label, record in read if record is not None}
+    labels = [label for label, _ in load(recipe)[1]] if builtin else [label for _, label, _ in read]
+    only = f" --runs {read[0][1]}" if len(read) == 1 and len(labels) > 1 else ""
+    command = f"posattn pretrain {recipe if builtin else recipe + '.yaml'}{only}"
+    device = next((r["device"] for r in cells.values() if r.get("device")), None)
+    return Run(folder, "pretrain", recipe, {"name": recipe, "labels": labels}, cells, len(labels), command, device)
+
+
+def _table3(folder: Path) -> Run:
+    from posattn.hf.table3 import VARIANTS
+
+    cells = {}
+    for path in sorted((folder / "cells").glob("*.json")):
+        cells[path.stem] = _mapping(read_json(path), path, ("variant", "task", "seed", "test", "majority_baseline"))
+    summary = read_json(folder / "results.json") if (folder / "results.json").is_file() else {}
+    match = TABLE3_PROTOCOL.match(str(summary.get("protocol", "")))
+    tasks = [t.strip() for t in match["names"].split(",")] if match else sorted({c["task"] for c in cells.values()})
+    seeds = int(match["seeds"]) if match else None
+    first = next(iter(cells.values()))
+    training = first.get("training", {})
+    command = (f"python -m posattn.hf.table3 --tasks {' '.join(tasks)}"
+               + (f" --seeds {seeds}" if seeds else "")
+               + (f" --lr {training['lr']:g} --epochs {training['epochs']:g}" if training else "")
+               + f" --out {shlex.quote(str(folder))}")
+    config = {"name": TABLE3_RECIPE, "model": summary.get("model"), "protocol": summary.get("protocol"),
+              "tasks": tasks, "seeds": seeds}
+    total = len(VARIANTS) * len(tasks) * seeds if seeds else None
+    return Run(folder, "table3", TABLE3_RECIPE, config, cells, total, command)
