@@ -1,0 +1,424 @@
+"""The prepared GPU command (``scripts/gpu_check.sh``): one call, a hard deadline, stages by priority.
+
+GPU time comes in short windows, so one command does everything in order of value and keeps
+each result as soon as it exists:
+
+1. ``tests``: the CUDA tests (pytest log);
+2. ``layer_eager``: the one-block layer of every registered mechanism against plain SDPA
+   (:mod:`.run`), every (n, batch) of :data:`SHAPES`, most useful shape first;
+3. ``layer_compiled``: the same with the steps compiled (``torch.compile``), the target
+   mechanisms at n = 4096 first, a few mechanisms per run;
+4. ``models``: whole models against Hugging Face (:mod:`.models`) at BERT-base size;
+5. ``cat``: the next unfinished cells of the CAT figure recipes (``posattn compare``).
+
+Each stage is a child process killed at the end of its time box (or of the whole deadline), so
+a kill loses at most the run in flight; every measured setup is a results-store record
+(:mod:`.store`) written when its run ends, and a setup already in the store is not measured
+again, so the next window adds what is missing. After every stage the new and changed files
+under ``results/`` are packed into ``$OUT/results.tar.gz`` and ``$OUT/summary.txt`` says which
+stages ran, how long each took and what was left for lack of time.
+
+Settings come from the environment (:class:`Settings`); ``GPU_CHECK_TINY=1`` shrinks every size
+so the whole command runs on a CPU in a minute or two.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import tarfile
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from ..errors import PositionError
+from ..runtime.files import check_name, write_bytes_atomic, write_json_atomic, write_text_atomic
+
+STAGES = ("tests", "layer_eager", "layer_compiled", "models", "cat")
+# the longest each stage may take (seconds), within the whole deadline; "cat" takes what is left
+BOXES = {"tests": 60, "layer_eager": 200, "layer_compiled": 60, "models": 80}
+RESERVE = 15  # seconds kept at the end for the archive and the summary
+# (n, batch), most useful first: the n = 4096 targets, then the shapes of the earlier H100 table
+SHAPES = [(4096, 16), (512, 16), (128, 16), (512, 64), (128, 64), (4096, 64)]
+# compiled first: the mechanisms the layer targets name, and the ones users train most
+COMPILE_FIRST = ["alibi", "t5", "tisa", "fixed_conv", "dynamic_conv", "rope", "absolute", "cat"]
+MODEL_MECHANISMS = ["alibi", "t5", "tisa", "fixed_conv", "dynamic_conv", "composite", "cat"]
+RECIPES = ["cat_fair_ar_length", "cat_fair_mqar", "cat_fair_mqnar", "cat_fair_landmark"]
+TESTS = ["tests/core/test_cuda.py", "tests/train/test_cuda.py"]
+ARCHIVE = "results.tar.gz"
+
+
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.replace(",", " ").split()]
+
+
+@dataclass
+class Settings:
+    """What the command does, from the environment (``GPU_CHECK_*``)."""
+
+    out: Path
+    device: str = "cuda"
+    seconds: float = 480.0
+    tiny: bool = False
+    shapes: list[tuple[int, int]] = field(default_factory=lambda: list(SHAPES))
+    mechanisms: list[str] = field(default_factory=list)  # [] = every registered one
+    recipes: list[str] = field(default_factory=lambda: list(RECIPES))
+    workers: int = 12
+    repeats: int = 3
+    compile_mode: str = "default"
+    compile_group: int = 4
+    boxes: dict[str, float] = field(default_factory=lambda: dict(BOXES))
+    work: Path = Path("/tmp/gpu_check")  # compare run folders (not in the repository)
+    results: Path = Path("results")
+    tests: list[str] = field(default_factory=lambda: list(TESTS))
+
+    @classmethod
+    def from_env(cls, out: str | Path, env: dict[str, str] | None = None) -> Settings:
+        env = dict(os.environ if env is None else env)
+        s = cls(out=Path(out))
+        get = env.get
+        try:
+            s.device = get("GPU_CHECK_DEVICE", s.device)
+            s.seconds = float(get("GPU_CHECK_SECONDS", s.seconds))
+            s.tiny = get("GPU_CHECK_TINY", "0") not in ("", "0")
+            if s.tiny:
+                s.shapes = [(32, 2), (64, 2)]
+            if "GPU_CHECK_SHAPES" in env:  # "4096x16 512x16"
+                s.shapes = [tuple(_ints(p.replace("x", " "))) for p in env["GPU_CHECK_SHAPES"].split()]  # type: ignore[misc]
+            s.mechanisms = get("GPU_CHECK_MECHANISMS", "").replace(",", " ").split()
+            if "GPU_CHECK_RECIPES" in env:
+                s.recipes = env["GPU_CHECK_RECIPES"].replace(",", " ").split()
+            s.workers = int(get("GPU_CHECK_WORKERS", s.workers))
+            s.repeats = int(get("GPU_CHECK_REPEATS", 1 if s.tiny else s.repeats))
+            s.compile_mode = get("GPU_CHECK_COMPILE_MODE", "dynamo" if s.tiny else s.compile_mode)
+            s.compile_group = int(get("GPU_CHECK_COMPILE_GROUP", s.compile_group))
+            for item in get("GPU_CHECK_BOXES", "").replace(",", " ").split():  # "tests=60 models=90"
+                name, _, value = item.partition("=")
+                if name not in BOXES:
+                    raise ValueError(f"GPU_CHECK_BOXES: unknown stage {name!r} (stages: {', '.join(BOXES)})")
+                s.boxes[name] = float(value)
+            s.work = Path(get("GPU_CHECK_WORK", s.work))
+            s.results = Path(get("POSATTN_RESULTS", s.results))
+            if "GPU_CHECK_TESTS" in env:
+                s.tests = env["GPU_CHECK_TESTS"].split()
+        except ValueError as e:
+            raise PositionError(f"gpu check: bad setting ({e})") from None
+        if s.seconds <= RESERVE or s.workers < 1 or s.repeats < 1 or s.compile_group < 1:
+            raise PositionError(f"gpu check: GPU_CHECK_SECONDS must exceed {RESERVE} and the workers, repeats "
+                                f"and compile group must be >= 1")
+        if any(len(shape) != 2 or min(shape) < 1 for shape in s.shapes):
+            raise PositionError(f"gpu check: GPU_CHECK_SHAPES must be NxBATCH pairs, got {s.shapes}")
+        return s
+
+
+# -- the measurements (run in child processes) ---------------------------------------------------
+def layer_plan(mechanisms: list[str], shapes: list[tuple[int, int]], group: int | None,
+               first: list[str] = COMPILE_FIRST) -> list[tuple[int, int, list[str]]]:
+    """The runs of a layer stage: per shape (in order), the mechanisms (``first`` ones first) in
+    groups of ``group`` (None: all in one run)."""
+    ordered = [m for m in first if m in mechanisms] + [m for m in mechanisms if m not in first]
+    size = group or max(1, len(ordered))
+    return [(n, b, ordered[i:i + size]) for n, b in shapes for i in range(0, len(ordered), size)]
+
+
+def _append_rows(path: Path, rows: list[dict[str, Any]]) -> None:
+    old = json.loads(path.read_text()) if path.exists() else []
+    write_json_atomic(path, old + rows)
+
+
+def _log(msg: str) -> None:
+    print(f"[gpu-check] {msg}", file=sys.stderr, flush=True)
+
+
+def layer_stage(s: Settings, mode: str, rows_out: Path) -> None:
+    """Measure every layer setup of ``mode`` ("eager" or a compile mode) not yet in the store."""
+    import torch
+
+    from .. import mechanisms as registry
+    from ..experiments.store import hardware, provenance
+    from .cases import Sizes, spec_label
+    from .run import BenchOptions, run
+    from .store import LAYER_RECIPE, missing, publish_rows, setup
+
+    names = s.mechanisms or registry.names()
+    compiled = mode != "eager"
+    # the earlier H100 table's size (4 heads of 64); tiny: 2 heads of 16, fp32 (CPUs lack fast bf16)
+    sizes = replace(Sizes(heads=2, head_dim=16) if s.tiny else Sizes(), device=s.device,
+                    dtype="float32" if s.tiny else "bfloat16")
+    hw = hardware(s.device)
+    for n, batch, group in layer_plan(names, s.shapes, s.compile_group if compiled else None):
+        run_sizes = replace(sizes, batch=batch, max_len=n)
+        keys = {m: setup("layer", spec_label([m]), n, batch, run_sizes, mode, hw) for m in ["sdpa", *group]}
+        todo = [m for m in group if missing(LAYER_RECIPE, [keys[m]], s.results)]
+        if not todo:
+            continue
+        _log(f"layer {mode} n={n} batch={batch}: {', '.join(todo)}")
+        opts = BenchOptions(mechanisms=[[m] for m in todo], lengths=[n], kinds=("layer",), sizes=run_sizes,
+                            batches=[batch], threads=min(16, torch.get_num_threads()), repeats=s.repeats,
+                            warmup=0 if not compiled else 1, memory=not (compiled or s.tiny),
+                            compile=mode if compiled else None)
+        rows = run(opts, log=_log)
+        command = (f"posattn bench --kinds layer --device {s.device} --dtype {sizes.dtype} -n {n} --batch {batch} "
+                   f"--repeats {s.repeats} -m {' '.join(todo)}" + (f" --compile {mode}" if compiled else ""))
+        written, kept = publish_rows(LAYER_RECIPE, "layer", rows, run_sizes, mode,
+                                     provenance(command, s.device), s.results)
+        _append_rows(rows_out, [{**r, "mode": mode} for r in rows])
+        _log(f"layer {mode} n={n} batch={batch}: {written} records written, {kept} already there, "
+             f"{sum(1 for r in rows if r.get('error'))} errors")
+
+
+def model_groups(mechanisms: list[str]) -> list[list[str]]:
+    """The model runs (posattn model names, :func:`.models.model_name`), each holding its reference:
+    the encoder against BERT, the decoder against Llama, then score-term encoders beside ``absolute``
+    three at a time."""
+    from .models import model_name
+
+    enc = model_name("posattn_encoder")
+    groups = [[enc, "posattn_mlm", "hf_bert"], ["posattn_decoder", "hf_llama"]]
+    for i in range(0, len(mechanisms), 3):
+        groups.append([enc] + [model_name("posattn_encoder", [m]) for m in mechanisms[i:i + 3]])
+    return groups
+
+
+def model_stage(s: Settings, rows_out: Path) -> None:
+    """Whole models against Hugging Face, every group not yet in the store."""
+    import torch
+
+    from ..experiments.store import hardware, provenance
+    from .cases import CaseSpec, Sizes
+    from .models import model_rows
+    from .run import BenchOptions, run
+    from .store import MODEL_RECIPE, missing, publish_rows, setup
+
+    if s.tiny:
+        sizes, n = Sizes(heads=2, head_dim=16, vocab=512, layers=2, d_ff=64, dropout=0.1, batch=2), 32
+    else:  # BERT-base
+        sizes, n = Sizes(heads=12, head_dim=64, vocab=30522, layers=12, d_ff=3072, dropout=0.1, batch=32), 512
+    sizes = replace(sizes, device=s.device, dtype="float32" if s.tiny else "bfloat16", max_len=n)
+    hw = hardware(s.device)
+    mechs = [m for m in (s.mechanisms or MODEL_MECHANISMS) if m not in ("absolute", "rope")]
+    for group in model_groups(mechs):
+        keys = [setup("model", CaseSpec("model", name, n).label, n, sizes.batch, sizes, "eager", hw) for name in group]
+        if not missing(MODEL_RECIPE, keys[1:] if group[0] == group[-1] else keys, s.results):
+            continue
+        _log(f"models n={n} batch={sizes.batch}: {', '.join(CaseSpec('model', g, n).label for g in group)}")
+        opts = BenchOptions(kinds=("model",), models=group, lengths=[n], batches=[sizes.batch], sizes=sizes,
+                            threads=min(16, torch.get_num_threads()), repeats=s.repeats, warmup=1,
+                            memory=not s.tiny)
+        rows = model_rows(run(opts, log=_log))
+        ref = next((r for r in rows if r["mechanism"] == "posattn_encoder" and r.get("train_ms")), None)
+        for r in rows:
+            if ref and r["mechanism"].startswith("posattn_encoder") and r.get("train_ms"):
+                r["vs_posattn_encoder"] = r["train_ms"] / ref["train_ms"]  # step time ÷ absolute's, same run
+        command = (f"posattn bench --models --device {s.device} --dtype {sizes.dtype} -n {n} --batch {sizes.batch} "
+                   f"--repeats {s.repeats} ({', '.join(group)})")
+        written, kept = publish_rows(MODEL_RECIPE, "model", rows, sizes, "eager", provenance(command, s.device),
+                                     s.results)
+        _append_rows(rows_out, rows)
+        _log(f"models: {written} records written, {kept} already there")
+
+
+# -- the CAT figure cells -------------------------------------------------------------------------
+def seed_run_folder(recipe: str, run: Path, root: Path) -> tuple[str, int, int]:
+    """Copy the cells of ``recipe`` already in the store into its compare run folder as finished
+    cells (so compare skips them); returns (the sweep's name, cells in the store, cells in all)."""
+    from ..experiments import store
+    from ..tasks.compare import load_config, validate_config
+
+    sweep = validate_config(load_config(recipe))
+    name = check_name(sweep.name, "sweep name")
+    ids = {cell.id for cell in sweep.cells}
+    present = 0
+    for record in store.load(name, root, kind="cell"):
+        if record["id"] not in ids:
+            continue
+        present += 1
+        path = run / "cells" / record["id"] / "result.json"
+        if not path.exists():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            write_json_atomic(path, record["result"])
+    return name, present, len(ids)
+
+
+def publish_run_folder(recipe: str, run: Path, root: Path, device: str, command: str) -> int:
+    """Store every finished cell of a compare run folder (what ``posattn results add`` does; used
+    only where that command is not installed); returns how many records were written."""
+    from ..experiments.store import provenance, publish
+    from ..tasks.compare import finished_cell, load_config, validate_config
+
+    sweep = validate_config(load_config(recipe))
+    prov = provenance(command, device)
+    return sum(publish(sweep.name, cell.id, result, prov, root=root)
+               for cell in sweep.cells if (result := finished_cell(cell, sweep.test_lengths[cell.train_length], run)))
+
+
+def _cli_has(words: list[str], flag: str) -> bool:
+    """Whether ``posattn WORDS --help`` works and mentions ``flag``."""
+    proc = subprocess.run([sys.executable, "-m", "posattn.cli", *words, "--help"], capture_output=True, text=True)
+    return proc.returncode == 0 and flag in proc.stdout
+
+
+# -- the driver -----------------------------------------------------------------------------------
+@dataclass
+class StageResult:
+    name: str
+    status: str  # "done", "stopped at its time box", "failed (exit N)", "skipped: ..."
+    seconds: float = 0.0
+    note: str = ""
+
+
+class Driver:
+    """Runs the stages in order within the deadline and keeps $OUT up to date after each."""
+
+    def __init__(self, s: Settings) -> None:
+        self.s = s
+        self.start = time.monotonic()
+        self.results: list[StageResult] = []
+        self.log = (s.out / "gpu_check.log").open("a")
+        self.before = self._snapshot()
+
+    def left(self) -> float:
+        return self.s.seconds - RESERVE - (time.monotonic() - self.start)
+
+    def _snapshot(self) -> dict[str, str]:
+        root = self.s.results
+        if not root.is_dir():
+            return {}
+        return {str(p.relative_to(root)): hashlib.sha1(p.read_bytes()).hexdigest()
+                for p in sorted(root.rglob("*")) if p.is_file()}
+
+    def child(self, argv: list[str], limit: float, log: Any = None) -> tuple[int | None, float]:
+        """Run ``argv`` for at most ``limit`` seconds (its whole process group killed after);
+        returns (exit status or None if killed, seconds)."""
+        t0 = time.monotonic()
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+            filter(None, [str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH")]))}
+        proc = subprocess.Popen(argv, stdout=log or self.log, stderr=subprocess.STDOUT, env=env,
+                                start_new_session=True)
+        try:
+            rc: int | None = proc.wait(timeout=max(1.0, limit))
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+            rc = None
+        return rc, time.monotonic() - t0
+
+    def stage(self, name: str, argv: list[str], log: Any = None) -> None:
+        box = min(self.s.boxes.get(name, float("inf")), self.left())
+        if box < 5:
+            self.results.append(StageResult(name, "skipped: no time left"))
+        else:
+            self.log.write(f"\n===== {name} (at most {box:.0f} s) =====\n")
+            self.log.flush()
+            rc, seconds = self.child(argv, box, log)
+            status = "done" if rc == 0 else "stopped at its time box" if rc is None else f"failed (exit {rc})"
+            self.results.append(StageResult(name, status, seconds))
+        self.finish()
+
+    def me(self, *args: str) -> list[str]:
+        return [sys.executable, "-m", "posattn.bench.gpu_check", "--out", str(self.s.out), *args]
+
+    def run(self) -> None:
+        s = self.s
+        with (s.out / "pytest.log").open("w") as log:
+            self.stage("tests", [sys.executable, "-m", "pytest", *s.tests, "-q", "-p", "no:cacheprovider"], log)
+        self.stage("layer_eager", self.me("--stage", "layer_eager"))
+        self.stage("layer_compiled", self.me("--stage", "layer_compiled"))
+        self.stage("models", self.me("--stage", "models"))
+        self.cat()
+
+    def cat(self) -> None:
+        """The CAT recipes in order, each from its next unfinished cell, until the deadline."""
+        from ..experiments.store import load
+
+        s = self.s
+        t0 = time.monotonic()
+        time_limit = _cli_has(["compare"], "--time-limit")
+        results_add = _cli_has(["results", "add"], "RUN")
+        notes = []
+        for recipe in s.recipes:
+            left = self.left()
+            if left < 30:
+                notes.append(f"{recipe}: not started (no time left)")
+                continue
+            run = s.work / f"compare-{Path(recipe).stem}"
+            name, present, total = seed_run_folder(recipe, run, s.results)
+            if present == total:
+                notes.append(f"{name}: complete in the store ({total} cells)")
+                continue
+            argv = [sys.executable, "-m", "posattn.cli", "compare", recipe, "--device", s.device,
+                    "--workers", str(s.workers), "--no-progress", "--out", str(run)]
+            if time_limit:  # no new cell after this; the kill below is the backstop for the cells in flight
+                argv += ["--time-limit", str(int(max(10, left - 60)))]
+            self.log.write(f"\n===== cat: {name} ({present}/{total} cells in the store, {left:.0f} s left) =====\n")
+            self.log.flush()
+            rc, _ = self.child(argv, left - 5)
+            command = " ".join(["posattn", *argv[3:]])
+            if results_add:
+                self.child([sys.executable, "-m", "posattn.cli", "results", "add", str(run)], 60)
+            else:
+                publish_run_folder(recipe, run, s.results, s.device, command)
+            now = len(load(name, s.results, kind="cell"))
+            notes.append(f"{name}: {now - present} new cells, {now}/{total} in the store"
+                         + ("" if rc == 0 else " (stopped at the deadline)" if rc is None else f" (exit {rc})"))
+            self.finish(extra=StageResult("cat", "running", time.monotonic() - t0, "; ".join(notes)))
+        self.results.append(StageResult("cat", "done" if s.recipes else "skipped: no recipes",
+                                        time.monotonic() - t0, "; ".join(notes)))
+        self.finish()
+
+    def finish(self, extra: StageResult | None = None) -> None:
+        """Pack the new and changed store files and write the summary (after every stage)."""
+        self.log.flush()
+        now = self._snapshot()
+        changed = [p for p, h in now.items() if self.before.get(p) != h]
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+            for rel in changed:
+                tar.add(self.s.results / rel, arcname=str(Path("results") / rel))
+        write_bytes_atomic(self.s.out / ARCHIVE, buf.getvalue())
+        lines = [f"gpu check: {time.monotonic() - self.start:.0f} s of {self.s.seconds:.0f}, device {self.s.device}",
+                 f"{len(changed)} new or changed files under {self.s.results}/ in {ARCHIVE}", ""]
+        shown = self.results + ([extra] if extra else [])
+        for r in shown:
+            lines.append(f"{r.name:15s} {r.status:28s} {r.seconds:6.0f} s  {r.note}".rstrip())
+        lines += [f"{name:15s} not reached" for name in STAGES if name not in {r.name for r in shown}]
+        write_text_atomic(self.s.out / "summary.txt", "\n".join(lines) + "\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m posattn.bench.gpu_check", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", required=True, type=Path, help="folder for the archive, logs and summary ($OUT)")
+    p.add_argument("--stage", choices=["layer_eager", "layer_compiled", "models"],
+                   help="run one measuring stage in this process (the driver's children)")
+    args = p.parse_args(argv)
+    try:
+        if not args.out.is_dir():
+            raise PositionError(f"gpu check: --out {args.out} is not a folder")
+        s = Settings.from_env(args.out)
+        if args.stage == "layer_eager":
+            layer_stage(s, "eager", s.out / "layer_bench.json")
+        elif args.stage == "layer_compiled":
+            layer_stage(s, s.compile_mode, s.out / "layer_bench_compiled.json")
+        elif args.stage == "models":
+            model_stage(s, s.out / "model_bench.json")
+        else:
+            Driver(s).run()
+    except PositionError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
