@@ -104,7 +104,8 @@ def options(args: argparse.Namespace) -> BenchOptions:
                         repeats=_first(args.repeats, quick.get("repeats"), 5),
                         warmup=_first(args.warmup, quick.get("warmup"), 1),
                         timing=not args.no_time, memory=not args.no_memory, peers=args.peers,
-                        compile=args.compile, policy=policy_overrides(args.policy), ab=policy_overrides(args.ab, "--ab"))
+                        compile=args.compile, policy=policy_overrides(args.policy),
+                        ab=policy_overrides(args.ab, "--ab"))
     if mechs is not None:
         opts.mechanisms = mechs
     return opts

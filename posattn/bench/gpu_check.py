@@ -35,10 +35,11 @@ import tarfile
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from ..errors import PositionError
 from ..runtime.files import check_name, write_bytes_atomic, write_json_atomic, write_text_atomic
+from .cases import Sizes, spec_label
 
 STAGES = ("tests", "layer_eager", "layer_compiled", "models", "cat")
 # the longest each stage may take (seconds), within the whole deadline; "cat" takes what is left
@@ -136,77 +137,113 @@ def _log(msg: str) -> None:
     print(f"[gpu-check] {msg}", file=sys.stderr, flush=True)
 
 
-def layer_stage(s: Settings, mode: str, rows_out: Path) -> None:
-    """Measure every layer setup of ``mode`` ("eager" or a compile mode) not yet in the store."""
-    import torch
+def mode_name(mode: str) -> str:
+    """The ``mode`` of a layer record: ``eager`` or ``compile <torch.compile mode>``."""
+    return mode if mode == "eager" else f"compile {mode}"
 
+
+def layer_todo(s: Settings, mode: str) -> list[tuple[Sizes, list[str]]]:
+    """The layer runs of ``mode`` ("eager" or a compile mode) still to do: (sizes with n as
+    ``max_len`` and the batch, the mechanisms whose record is missing), in the order of
+    :func:`layer_plan`."""
     from .. import mechanisms as registry
-    from ..experiments.store import hardware, provenance
-    from .cases import Sizes, spec_label
-    from .run import BenchOptions, run
-    from .store import LAYER_RECIPE, missing, publish_rows, setup
+    from ..experiments.store import hardware
+    from .store import LAYER_RECIPE, missing, setup
 
     names = s.mechanisms or registry.names()
-    compiled = mode != "eager"
     # the earlier H100 table's size (4 heads of 64); tiny: 2 heads of 16, fp32 (CPUs lack fast bf16)
     sizes = replace(Sizes(heads=2, head_dim=16) if s.tiny else Sizes(), device=s.device,
                     dtype="float32" if s.tiny else "bfloat16")
     hw = hardware(s.device)
-    for n, batch, group in layer_plan(names, s.shapes, s.compile_group if compiled else None):
+    out = []
+    for n, batch, group in layer_plan(names, s.shapes, None if mode == "eager" else s.compile_group):
         run_sizes = replace(sizes, batch=batch, max_len=n)
-        keys = {m: setup("layer", spec_label([m]), n, batch, run_sizes, mode, hw) for m in ["sdpa", *group]}
-        todo = [m for m in group if missing(LAYER_RECIPE, [keys[m]], s.results)]
-        if not todo:
-            continue
-        _log(f"layer {mode} n={n} batch={batch}: {', '.join(todo)}")
-        opts = BenchOptions(mechanisms=[[m] for m in todo], lengths=[n], kinds=("layer",), sizes=run_sizes,
-                            batches=[batch], threads=min(16, torch.get_num_threads()), repeats=s.repeats,
-                            warmup=0 if not compiled else 1, memory=not (compiled or s.tiny),
-                            compile=mode if compiled else None)
+        todo = [m for m in group if missing(LAYER_RECIPE, [setup("layer", spec_label([m]), n, batch, run_sizes,
+                                                                 mode_name(mode), hw)], s.results)]
+        if todo:
+            out.append((run_sizes, todo))
+    return out
+
+
+def layer_stage(s: Settings, mode: str, rows_out: Path) -> None:
+    """Measure every layer setup of ``mode`` ("eager" or a compile mode) not yet in the store."""
+    import torch
+
+    from ..experiments.store import provenance
+    from .run import BenchOptions, run
+    from .store import LAYER_RECIPE, publish_rows
+
+    compiled = mode != "eager"
+    for sizes, todo in layer_todo(s, mode):
+        where = f"layer {mode_name(mode)} n={sizes.max_len} batch={sizes.batch}"
+        _log(f"{where}: {', '.join(todo)}")
+        opts = BenchOptions(mechanisms=[[m] for m in todo], lengths=[sizes.max_len], kinds=("layer",), sizes=sizes,
+                            batches=[sizes.batch], threads=min(16, torch.get_num_threads()), repeats=s.repeats,
+                            warmup=1 if compiled else 0,  # eager: building the case ran each step once
+                            memory=not (compiled or s.tiny), compile=mode if compiled else None)
         rows = run(opts, log=_log)
-        command = (f"posattn bench --kinds layer --device {s.device} --dtype {sizes.dtype} -n {n} --batch {batch} "
-                   f"--repeats {s.repeats} -m {' '.join(todo)}" + (f" --compile {mode}" if compiled else ""))
-        written, kept = publish_rows(LAYER_RECIPE, "layer", rows, run_sizes, mode,
+        command = (f"posattn bench --kinds layer --device {s.device} --dtype {sizes.dtype} -n {sizes.max_len} "
+                   f"--batch {sizes.batch} --repeats {s.repeats} -m {' '.join(todo)}"
+                   + (f" --compile {mode}" if compiled else ""))
+        written, kept = publish_rows(LAYER_RECIPE, "layer", rows, sizes, mode_name(mode),
                                      provenance(command, s.device), s.results)
-        _append_rows(rows_out, [{**r, "mode": mode} for r in rows])
-        _log(f"layer {mode} n={n} batch={batch}: {written} records written, {kept} already there, "
+        _append_rows(rows_out, [{**r, "mode": mode_name(mode)} for r in rows])
+        _log(f"{where}: {written} records written, {kept} already there, "
              f"{sum(1 for r in rows if r.get('error'))} errors")
 
 
-def model_groups(mechanisms: list[str]) -> list[list[str]]:
-    """The model runs (posattn model names, :func:`.models.model_name`), each holding its reference:
-    the encoder against BERT, the decoder against Llama, then score-term encoders beside ``absolute``
-    three at a time."""
+def model_groups(mechanisms: list[str]) -> list[tuple[list[str], list[str]]]:
+    """The model runs: (the models timed together, the ones whose records the run is for). Each
+    run holds its reference: the encoder (``absolute``) and its MLM variant against BERT, the
+    decoder (``rope``) against Llama, then score-term encoders three at a time beside ``absolute``.
+    Names as :func:`.models.model_name` gives them."""
     from .models import model_name
 
     enc = model_name("posattn_encoder")
-    groups = [[enc, "posattn_mlm", "hf_bert"], ["posattn_decoder", "hf_llama"]]
+    groups = [([enc, "posattn_mlm", "hf_bert"],) * 2, (["posattn_decoder", "hf_llama"],) * 2]
     for i in range(0, len(mechanisms), 3):
-        groups.append([enc] + [model_name("posattn_encoder", [m]) for m in mechanisms[i:i + 3]])
+        subjects = [model_name("posattn_encoder", [m]) for m in mechanisms[i:i + 3]]
+        groups.append(([enc, *subjects], subjects))
     return groups
 
 
+def model_sizes(s: Settings) -> Sizes:
+    """BERT-base (12 layers, d 768, 12 heads, FFN 3072, n 512, batch 32) in bf16; tiny: 2 small layers."""
+    if s.tiny:
+        sizes = Sizes(heads=2, head_dim=16, vocab=512, layers=2, d_ff=64, batch=2, max_len=32, dtype="float32")
+    else:
+        sizes = Sizes(heads=12, head_dim=64, vocab=30522, layers=12, d_ff=3072, batch=32, max_len=512,
+                      dtype="bfloat16")
+    return replace(sizes, dropout=0.1, device=s.device)
+
+
+def model_todo(s: Settings) -> list[list[str]]:
+    """The model runs whose records are not all in the store yet."""
+    from ..experiments.store import hardware
+    from .cases import CaseSpec
+    from .store import MODEL_RECIPE, missing, setup
+
+    sizes, hw = model_sizes(s), hardware(s.device)
+    n = sizes.max_len
+    mechs = [m for m in (s.mechanisms or MODEL_MECHANISMS) if m not in ("absolute", "rope")]
+    return [group for group, subjects in model_groups(mechs)
+            if missing(MODEL_RECIPE, [setup("model", CaseSpec("model", name, n).label, n, sizes.batch, sizes,
+                                            "eager", hw) for name in subjects], s.results)]
+
+
 def model_stage(s: Settings, rows_out: Path) -> None:
-    """Whole models against Hugging Face, every group not yet in the store."""
+    """Whole models against Hugging Face, every run not yet in the store."""
     import torch
 
-    from ..experiments.store import hardware, provenance
-    from .cases import CaseSpec, Sizes
+    from ..experiments.store import provenance
+    from .cases import CaseSpec
     from .models import model_rows
     from .run import BenchOptions, run
-    from .store import MODEL_RECIPE, missing, publish_rows, setup
+    from .store import MODEL_RECIPE, publish_rows
 
-    if s.tiny:
-        sizes, n = Sizes(heads=2, head_dim=16, vocab=512, layers=2, d_ff=64, dropout=0.1, batch=2), 32
-    else:  # BERT-base
-        sizes, n = Sizes(heads=12, head_dim=64, vocab=30522, layers=12, d_ff=3072, dropout=0.1, batch=32), 512
-    sizes = replace(sizes, device=s.device, dtype="float32" if s.tiny else "bfloat16", max_len=n)
-    hw = hardware(s.device)
-    mechs = [m for m in (s.mechanisms or MODEL_MECHANISMS) if m not in ("absolute", "rope")]
-    for group in model_groups(mechs):
-        keys = [setup("model", CaseSpec("model", name, n).label, n, sizes.batch, sizes, "eager", hw) for name in group]
-        if not missing(MODEL_RECIPE, keys[1:] if group[0] == group[-1] else keys, s.results):
-            continue
+    sizes = model_sizes(s)
+    n = sizes.max_len
+    for group in model_todo(s):
         _log(f"models n={n} batch={sizes.batch}: {', '.join(CaseSpec('model', g, n).label for g in group)}")
         opts = BenchOptions(kinds=("model",), models=group, lengths=[n], batches=[sizes.batch], sizes=sizes,
                             threads=min(16, torch.get_num_threads()), repeats=s.repeats, warmup=1,
@@ -313,7 +350,8 @@ class Driver:
             rc = None
         return rc, time.monotonic() - t0
 
-    def stage(self, name: str, argv: list[str], log: Any = None) -> None:
+    def stage(self, name: str, argv: list[str], log: Any = None, left: Callable[[], str] | None = None) -> None:
+        """Run one stage within its box; ``left`` says what it left undone (for the summary)."""
         box = min(self.s.boxes.get(name, float("inf")), self.left())
         if box < 5:
             self.results.append(StageResult(name, "skipped: no time left"))
@@ -323,7 +361,16 @@ class Driver:
             rc, seconds = self.child(argv, box, log)
             status = "done" if rc == 0 else "stopped at its time box" if rc is None else f"failed (exit {rc})"
             self.results.append(StageResult(name, status, seconds))
+        if left:
+            self.results[-1].note = left()
         self.finish()
+
+    def layer_left(self, mode: str) -> str:
+        todo = layer_todo(self.s, mode)
+        if not todo:
+            return "every setup in the store"
+        return (f"{sum(len(t) for _, t in todo)} setups left, next: n={todo[0][0].max_len} "
+                f"batch={todo[0][0].batch} {', '.join(todo[0][1])}")
 
     def me(self, *args: str) -> list[str]:
         return [sys.executable, "-m", "posattn.bench.gpu_check", "--out", str(self.s.out), *args]
@@ -332,9 +379,11 @@ class Driver:
         s = self.s
         with (s.out / "pytest.log").open("w") as log:
             self.stage("tests", [sys.executable, "-m", "pytest", *s.tests, "-q", "-p", "no:cacheprovider"], log)
-        self.stage("layer_eager", self.me("--stage", "layer_eager"))
-        self.stage("layer_compiled", self.me("--stage", "layer_compiled"))
-        self.stage("models", self.me("--stage", "models"))
+        self.stage("layer_eager", self.me("--stage", "layer_eager"), left=lambda: self.layer_left("eager"))
+        self.stage("layer_compiled", self.me("--stage", "layer_compiled"),
+                   left=lambda: self.layer_left(s.compile_mode))
+        self.stage("models", self.me("--stage", "models"),
+                   left=lambda: f"{len(model_todo(s))} model runs left" if model_todo(s) else "every run in the store")
         self.cat()
 
     def cat(self) -> None:
@@ -372,8 +421,9 @@ class Driver:
             notes.append(f"{name}: {now - present} new cells, {now}/{total} in the store"
                          + ("" if rc == 0 else " (stopped at the deadline)" if rc is None else f" (exit {rc})"))
             self.finish(extra=StageResult("cat", "running", time.monotonic() - t0, "; ".join(notes)))
-        self.results.append(StageResult("cat", "done" if s.recipes else "skipped: no recipes",
-                                        time.monotonic() - t0, "; ".join(notes)))
+        ran = any("not started" not in note for note in notes)
+        self.results.append(StageResult("cat", "done" if ran else "skipped: no time left" if notes else
+                                        "skipped: no recipes", time.monotonic() - t0, "; ".join(notes)))
         self.finish()
 
     def finish(self, extra: StageResult | None = None) -> None:
