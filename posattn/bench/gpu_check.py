@@ -45,6 +45,7 @@ STAGES = ("tests", "layer_eager", "layer_compiled", "models", "cat")
 # the longest each stage may take (seconds), within the whole deadline; "cat" takes what is left
 BOXES = {"tests": 60, "layer_eager": 200, "layer_compiled": 60, "models": 80}
 RESERVE = 15  # seconds kept at the end for the archive and the summary
+PUBLISH = 30  # seconds kept after a compare run to copy its finished cells into the store
 # (n, batch), most useful first: the n = 4096 targets, then the shapes of the earlier H100 table
 SHAPES = [(4096, 16), (512, 16), (128, 16), (512, 64), (128, 64), (4096, 64)]
 # compiled first: the mechanisms the layer targets name, and the ones users train most
@@ -74,6 +75,7 @@ class Settings:
     repeats: int = 3
     compile_mode: str = "default"
     compile_group: int = 4
+    eager_group: int = 12  # mechanisms per eager run (a kill at the box loses one run's worth)
     boxes: dict[str, float] = field(default_factory=lambda: dict(BOXES))
     work: Path = Path("/tmp/gpu_check")  # compare run folders (not in the repository)
     results: Path = Path("results")
@@ -99,6 +101,7 @@ class Settings:
             s.repeats = int(get("GPU_CHECK_REPEATS", 1 if s.tiny else s.repeats))
             s.compile_mode = get("GPU_CHECK_COMPILE_MODE", "dynamo" if s.tiny else s.compile_mode)
             s.compile_group = int(get("GPU_CHECK_COMPILE_GROUP", s.compile_group))
+            s.eager_group = int(get("GPU_CHECK_EAGER_GROUP", s.eager_group))
             for item in get("GPU_CHECK_BOXES", "").replace(",", " ").split():  # "tests=60 models=90"
                 name, _, value = item.partition("=")
                 if name not in BOXES:
@@ -110,9 +113,9 @@ class Settings:
                 s.tests = env["GPU_CHECK_TESTS"].split()
         except ValueError as e:
             raise PositionError(f"gpu check: bad setting ({e})") from None
-        if s.seconds <= RESERVE or s.workers < 1 or s.repeats < 1 or s.compile_group < 1:
+        if s.seconds <= RESERVE or s.workers < 1 or s.repeats < 1 or min(s.compile_group, s.eager_group) < 1:
             raise PositionError(f"gpu check: GPU_CHECK_SECONDS must exceed {RESERVE} and the workers, repeats "
-                                f"and compile group must be >= 1")
+                                f"and groups must be >= 1")
         if any(len(shape) != 2 or min(shape) < 1 for shape in s.shapes):
             raise PositionError(f"gpu check: GPU_CHECK_SHAPES must be NxBATCH pairs, got {s.shapes}")
         return s
@@ -156,7 +159,7 @@ def layer_todo(s: Settings, mode: str) -> list[tuple[Sizes, list[str]]]:
                     dtype="float32" if s.tiny else "bfloat16")
     hw = hardware(s.device)
     out = []
-    for n, batch, group in layer_plan(names, s.shapes, None if mode == "eager" else s.compile_group):
+    for n, batch, group in layer_plan(names, s.shapes, s.eager_group if mode == "eager" else s.compile_group):
         run_sizes = replace(sizes, batch=batch, max_len=n)
         todo = [m for m in group if missing(LAYER_RECIPE, [setup("layer", spec_label([m]), n, batch, run_sizes,
                                                                  mode_name(mode), hw)], s.results)]
@@ -295,10 +298,10 @@ def publish_run_folder(recipe: str, run: Path, root: Path, device: str, command:
                for cell in sweep.cells if (result := finished_cell(cell, sweep.test_lengths[cell.train_length], run)))
 
 
-def _cli_has(words: list[str], flag: str) -> bool:
-    """Whether ``posattn WORDS --help`` works and mentions ``flag``."""
+def _cli_help(words: list[str]) -> str | None:
+    """``posattn WORDS --help``, or None where that command does not exist (in this checkout)."""
     proc = subprocess.run([sys.executable, "-m", "posattn.cli", *words, "--help"], capture_output=True, text=True)
-    return proc.returncode == 0 and flag in proc.stdout
+    return proc.stdout if proc.returncode == 0 else None
 
 
 # -- the driver -----------------------------------------------------------------------------------
@@ -388,16 +391,16 @@ class Driver:
 
     def cat(self) -> None:
         """The CAT recipes in order, each from its next unfinished cell, until the deadline."""
-        from ..experiments.store import load
+        from ..experiments.store import hardware, load
 
         s = self.s
         t0 = time.monotonic()
-        time_limit = _cli_has(["compare"], "--time-limit")
-        results_add = _cli_has(["results", "add"], "RUN")
+        time_limit = "--time-limit" in (_cli_help(["compare"]) or "")
+        results_add = _cli_help(["results", "add"])
         notes = []
         for recipe in s.recipes:
             left = self.left()
-            if left < 30:
+            if left < 60:
                 notes.append(f"{recipe}: not started (no time left)")
                 continue
             run = s.work / f"compare-{Path(recipe).stem}"
@@ -408,13 +411,16 @@ class Driver:
             argv = [sys.executable, "-m", "posattn.cli", "compare", recipe, "--device", s.device,
                     "--workers", str(s.workers), "--no-progress", "--out", str(run)]
             if time_limit:  # no new cell after this; the kill below is the backstop for the cells in flight
-                argv += ["--time-limit", str(int(max(10, left - 60)))]
+                argv += ["--time-limit", str(int(left - PUBLISH - 60))]
             self.log.write(f"\n===== cat: {name} ({present}/{total} cells in the store, {left:.0f} s left) =====\n")
             self.log.flush()
-            rc, _ = self.child(argv, left - 5)
+            rc, _ = self.child(argv, left - PUBLISH)
             command = " ".join(["posattn", *argv[3:]])
-            if results_add:
-                self.child([sys.executable, "-m", "posattn.cli", "results", "add", str(run)], 60)
+            if results_add is not None:
+                add = [sys.executable, "-m", "posattn.cli", "results", "add", str(run)]
+                add += ["--command", command] * ("--command" in results_add)
+                add += ["--hardware", hardware(s.device)] * ("--hardware" in results_add)
+                self.child(add, max(5.0, self.left() + RESERVE - 5))
             else:
                 publish_run_folder(recipe, run, s.results, s.device, command)
             now = len(load(name, s.results, kind="cell"))
