@@ -401,11 +401,15 @@ class Driver:
         notes = []
         for recipe in s.recipes:
             left = self.left()
-            if left < 60:
+            if left < PUBLISH + 70:  # under a minute of training is not worth a compare start-up
                 notes.append(f"{recipe}: not started (no time left)")
                 continue
             run = s.work / f"compare-{Path(recipe).stem}"
-            name, present, total = seed_run_folder(recipe, run, s.results)
+            try:  # e.g. a config the checkout cannot load here: said in the summary, the next recipe runs
+                name, present, total = seed_run_folder(recipe, run, s.results)
+            except Exception as e:
+                notes.append(f"{recipe}: not started ({type(e).__name__}: {e})")
+                continue
             if present == total:
                 notes.append(f"{name}: complete in the store ({total} cells)")
                 continue
@@ -417,7 +421,7 @@ class Driver:
             self.log.flush()
             rc, _ = self.child(argv, left - PUBLISH)
             command = " ".join(["posattn", *argv[3:]])
-            if results_add is not None:
+            if results_add is not None:  # posattn results add: the store's own way in
                 add = [sys.executable, "-m", "posattn.cli", "results", "add", str(run)]
                 add += ["--command", command] * ("--command" in results_add)
                 add += ["--hardware", hardware(s.device)] * ("--hardware" in results_add)
@@ -429,8 +433,8 @@ class Driver:
                          + ("" if rc == 0 else " (stopped at the deadline)" if rc is None else f" (exit {rc})"))
             self.finish(extra=StageResult("cat", "running", time.monotonic() - t0, "; ".join(notes)))
         ran = any("not started" not in note for note in notes)
-        self.results.append(StageResult("cat", "done" if ran else "skipped: no time left" if notes else
-                                        "skipped: no recipes", time.monotonic() - t0, "; ".join(notes)))
+        self.results.append(StageResult("cat", "done" if ran else "skipped", time.monotonic() - t0,
+                                        "; ".join(notes) or "no recipes"))
         self.finish()
 
     def finish(self, extra: StageResult | None = None) -> None:
