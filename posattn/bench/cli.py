@@ -17,7 +17,7 @@ from .cases import Sizes, parse_mechanisms
 from .models import DEFAULT_MECHANISMS, HF_MODELS, MODEL_LENGTHS, MODEL_SIZES, model_name, model_rows
 from .peers import skipped as skipped_peers
 from .report import model_table, ordered, plot, save_json, table, targets
-from .run import KINDS, BenchOptions, conv_rows, peer_matches, run
+from .run import COMPILE_MODES, KINDS, BenchOptions, conv_rows, peer_matches, run
 
 QUICK = dict(lengths=[64, 128], heads=2, head_dim=16, repeats=2, warmup=1)
 
@@ -54,6 +54,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--ab", nargs="+", default=[], metavar="FIELD=VALUE",
                    help="time every mechanism a second time under these Policy overrides, in the same "
                         "interleaved rounds (an A/B on a noisy machine), e.g. --ab native=False")
+    p.add_argument("--compile", nargs="?", const="default", choices=COMPILE_MODES, metavar="MODE",
+                   help="compile every case's training step and inference pass with torch.compile (MODE: "
+                        f"{', '.join(COMPILE_MODES)}; default 'default'; 'reduce-overhead' adds CUDA graphs, "
+                        "'dynamo' only traces); ratios are then to the compiled plain-SDPA model, and peak "
+                        "memory is not measured")
     p.add_argument("--no-memory", action="store_true", help="skip the peak-memory child processes")
     p.add_argument("--no-time", action="store_true", help="only peak memory (e.g. for n = 16384)")
     p.add_argument("--peers", action="store_true",
@@ -99,7 +104,8 @@ def options(args: argparse.Namespace) -> BenchOptions:
                         repeats=_first(args.repeats, quick.get("repeats"), 5),
                         warmup=_first(args.warmup, quick.get("warmup"), 1),
                         timing=not args.no_time, memory=not args.no_memory, peers=args.peers,
-                        policy=policy_overrides(args.policy), ab=policy_overrides(args.ab, "--ab"))
+                        compile=args.compile, policy=policy_overrides(args.policy),
+                        ab=policy_overrides(args.ab, "--ab"))
     if mechs is not None:
         opts.mechanisms = mechs
     return opts
@@ -147,7 +153,7 @@ def _model_options(args: argparse.Namespace, quick: dict, mechs: list | None) ->
                         sizes=sizes, threads=args.threads, batches=_batches(args.batch or [MODEL_SIZES.batch]),
                         models=names + available, repeats=_first(args.repeats, quick.get("repeats"), 5),
                         warmup=_first(args.warmup, quick.get("warmup"), 1),
-                        timing=not args.no_time, memory=not args.no_memory)
+                        timing=not args.no_time, memory=not args.no_memory, compile=args.compile)
 
 
 def bench_command(args: argparse.Namespace) -> None:

@@ -10,12 +10,16 @@ import torch
 
 from .. import mechanisms
 from ..attention import fast, native
+from ..errors import PositionError
 from ..mechanisms.conv import METHODS, conv_method
 from . import peers as peer_lib
 from .cases import BASELINE, Case, CaseSpec, Sizes, make_case, spec_label
 from .measure import measure_memory, median, time_cases
 
 KINDS = ("layer", "op")  # "model" (whole models against Hugging Face) runs on its own: --models
+# torch.compile modes of --compile; "dynamo" traces with dynamo and runs the graphs eagerly (no code
+# generation: seconds instead of minutes on a CPU, for tests of the compiled path's plumbing)
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune-no-cudagraphs", "dynamo")
 
 
 @dataclass
@@ -36,6 +40,7 @@ class BenchOptions:
     timing: bool = True
     memory: bool = True
     peers: bool = False
+    compile: str | None = None  # a COMPILE_MODES entry: every case's steps through torch.compile
 
 
 def _log(msg: str) -> None:
@@ -57,11 +62,35 @@ def case_specs(opts: BenchOptions, n: int) -> list[CaseSpec]:
     return specs
 
 
-def _build(specs: list[CaseSpec], sizes: Sizes, errors: dict[CaseSpec, str]) -> list[Case]:
+def compiled(case: Case, mode: str) -> Case:
+    """``case`` with its training step and inference pass compiled by ``torch.compile`` (the
+    backward pass through AOTAutograd's compiled backward; dynamo splits the step at
+    ``backward()``), each run once so that compilation happens here and not in the timing."""
+    if mode not in COMPILE_MODES:
+        raise PositionError(f"bench --compile: mode {mode!r} is not one of {', '.join(COMPILE_MODES)}")
+    import torch._dynamo
+
+    # every case's step is the same Python function over another model: without room for one
+    # compiled graph per case, dynamo would silently fall back to eager after the 8th
+    for name in ("recompile_limit", "cache_size_limit", "accumulated_recompile_limit",
+                 "accumulated_cache_size_limit"):
+        if hasattr(torch._dynamo.config, name):
+            setattr(torch._dynamo.config, name, max(getattr(torch._dynamo.config, name), 4096))
+    options = {"backend": "eager"} if mode == "dynamo" else {"mode": mode}
+    train, infer = torch.compile(case.train, **options), torch.compile(case.infer, **options)
+    train()
+    infer()
+    return Case(case.spec, train, infer, f"{case.path} [compiled {mode}]")
+
+
+def _build(specs: list[CaseSpec], sizes: Sizes, errors: dict[CaseSpec, str],
+           compile_mode: str | None = None) -> list[Case]:
     cases = []
     for spec in specs:
         try:
             case = make_case(spec, sizes)
+            if case is not None and compile_mode:
+                case = compiled(case, compile_mode)
         except Exception as e:  # a mechanism that cannot run at this size is reported, not fatal
             errors[spec] = f"{type(e).__name__}: {e}"
             continue
@@ -101,14 +130,14 @@ def _measure(n: int, sizes: Sizes, opts: BenchOptions, log: Callable[[str], None
     applicable = specs
     if opts.timing:
         log(f"{where}: building {len(specs)} cases")
-        cases = _build(specs, sizes, errors)
+        cases = _build(specs, sizes, errors, opts.compile)
         paths = {c.spec: c.path for c in cases}
         applicable = [c.spec for c in cases]
         log(f"{where}: timing {len(cases)} cases × {opts.repeats} rounds")
         times = time_cases(cases, opts.repeats, opts.warmup, lambda m: log(f"{where}: {m}"))
         del cases
     memory: dict[CaseSpec, dict[str, Any]] = {}
-    if opts.memory:
+    if opts.memory and not opts.compile:  # the memory child rebuilds eager cases: compiled runs have none
         log(f"{where}: peak memory of {len(applicable)} cases (child process)")
         memory = measure_memory(applicable, sizes, opts.threads, policy=opts.policy)
     return _rows(n, sizes, specs, times, memory, paths, errors, opts)

@@ -1,0 +1,485 @@
+"""The prepared GPU command (``scripts/gpu_check.sh``): one call, a hard deadline, stages by priority.
+
+GPU time comes in short windows, so one command does everything in order of value and keeps
+each result as soon as it exists:
+
+1. ``tests``: the CUDA tests (pytest log);
+2. ``layer_eager``: the one-block layer of every registered mechanism against plain SDPA
+   (:mod:`.run`), every (n, batch) of :data:`SHAPES`, most useful shape first;
+3. ``layer_compiled``: the same with the steps compiled (``torch.compile``), the target
+   mechanisms at n = 4096 first, a few mechanisms per run;
+4. ``models``: whole models against Hugging Face (:mod:`.models`) at BERT-base size;
+5. ``cat``: the next unfinished cells of the CAT figure recipes (``posattn compare``).
+
+Each stage is a child process killed at the end of its time box (or of the whole deadline), so
+a kill loses at most the run in flight; every measured setup is a results-store record
+(:mod:`.store`) written when its run ends, and a setup already in the store is not measured
+again, so the next window adds what is missing. After every stage the new and changed files
+under ``results/`` are packed into ``$OUT/results.tar.gz`` and ``$OUT/summary.txt`` says which
+stages ran, how long each took and what was left for lack of time.
+
+Settings come from the environment (:class:`Settings`); ``GPU_CHECK_TINY=1`` shrinks every size
+so the whole command runs on a CPU in a minute or two.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import tarfile
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Callable
+
+from ..errors import PositionError
+from ..runtime.files import check_name, write_bytes_atomic, write_json_atomic, write_text_atomic
+from .cases import Sizes, spec_label
+
+STAGES = ("tests", "layer_eager", "layer_compiled", "models", "cat")
+# the longest each stage may take (seconds), within the whole deadline; "cat" takes what is left
+# (a first window measures; the stages skip what the store holds, so later windows go to the CAT cells)
+BOXES = {"tests": 60, "layer_eager": 150, "layer_compiled": 120, "models": 90}
+RESERVE = 15  # seconds kept at the end for the archive and the summary
+PUBLISH = 30  # seconds kept after a compare run to copy its finished cells into the store
+# (n, batch), most useful first: the n = 4096 targets, then the shapes of the earlier H100 table
+SHAPES = [(4096, 16), (512, 16), (128, 16), (512, 64), (128, 64), (4096, 64)]
+# compiled first: the mechanisms the layer targets name, and the ones users train most
+COMPILE_FIRST = ["alibi", "t5", "tisa", "fixed_conv", "dynamic_conv", "rope", "absolute", "cat"]
+MODEL_MECHANISMS = ["alibi", "t5", "tisa", "fixed_conv", "dynamic_conv", "composite", "cat"]
+RECIPES = ["cat_fair_ar_length", "cat_fair_mqar", "cat_fair_mqnar", "cat_fair_landmark"]
+TESTS = ["tests/core/test_cuda.py", "tests/train/test_cuda.py"]
+ARCHIVE = "results.tar.gz"
+
+
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.replace(",", " ").split()]
+
+
+@dataclass
+class Settings:
+    """What the command does, from the environment (``GPU_CHECK_*``)."""
+
+    out: Path
+    device: str = "cuda"
+    seconds: float = 480.0
+    tiny: bool = False
+    shapes: list[tuple[int, int]] = field(default_factory=lambda: list(SHAPES))
+    mechanisms: list[str] = field(default_factory=list)  # [] = every registered one
+    recipes: list[str] = field(default_factory=lambda: list(RECIPES))
+    workers: int = 12
+    repeats: int = 3
+    compile_mode: str = "default"
+    compile_group: int = 2  # inductor takes tens of seconds per case: small runs, each kept when it ends
+    eager_group: int = 12  # mechanisms per eager run (a kill at the box loses one run's worth)
+    boxes: dict[str, float] = field(default_factory=lambda: dict(BOXES))
+    work: Path = Path("/tmp/gpu_check")  # compare run folders (not in the repository)
+    results: Path = Path("results")
+    tests: list[str] = field(default_factory=lambda: list(TESTS))
+
+    @classmethod
+    def from_env(cls, out: str | Path, env: dict[str, str] | None = None) -> Settings:
+        env = dict(os.environ if env is None else env)
+        s = cls(out=Path(out))
+        get = env.get
+        try:
+            s.device = get("GPU_CHECK_DEVICE", s.device)
+            s.seconds = float(get("GPU_CHECK_SECONDS", s.seconds))
+            s.tiny = get("GPU_CHECK_TINY", "0") not in ("", "0")
+            if s.tiny:
+                s.shapes = [(32, 2), (64, 2)]
+            if "GPU_CHECK_SHAPES" in env:  # "4096x16 512x16"
+                s.shapes = [tuple(_ints(p.replace("x", " "))) for p in env["GPU_CHECK_SHAPES"].split()]  # type: ignore[misc]
+            s.mechanisms = get("GPU_CHECK_MECHANISMS", "").replace(",", " ").split()
+            if "GPU_CHECK_RECIPES" in env:
+                s.recipes = env["GPU_CHECK_RECIPES"].replace(",", " ").split()
+            s.workers = int(get("GPU_CHECK_WORKERS", s.workers))
+            s.repeats = int(get("GPU_CHECK_REPEATS", 1 if s.tiny else s.repeats))
+            s.compile_mode = get("GPU_CHECK_COMPILE_MODE", "dynamo" if s.tiny else s.compile_mode)
+            s.compile_group = int(get("GPU_CHECK_COMPILE_GROUP", s.compile_group))
+            s.eager_group = int(get("GPU_CHECK_EAGER_GROUP", s.eager_group))
+            for item in get("GPU_CHECK_BOXES", "").replace(",", " ").split():  # "tests=60 models=90"
+                name, _, value = item.partition("=")
+                if name not in BOXES:
+                    raise ValueError(f"GPU_CHECK_BOXES: unknown stage {name!r} (stages: {', '.join(BOXES)})")
+                s.boxes[name] = float(value)
+            s.work = Path(get("GPU_CHECK_WORK", s.work))
+            s.results = Path(get("POSATTN_RESULTS", s.results))
+            if "GPU_CHECK_TESTS" in env:
+                s.tests = env["GPU_CHECK_TESTS"].split()
+        except ValueError as e:
+            raise PositionError(f"gpu check: bad setting ({e})") from None
+        if s.seconds <= RESERVE or s.workers < 1 or s.repeats < 1 or min(s.compile_group, s.eager_group) < 1:
+            raise PositionError(f"gpu check: GPU_CHECK_SECONDS must exceed {RESERVE} and the workers, repeats "
+                                f"and groups must be >= 1")
+        if any(len(shape) != 2 or min(shape) < 1 for shape in s.shapes):
+            raise PositionError(f"gpu check: GPU_CHECK_SHAPES must be NxBATCH pairs, got {s.shapes}")
+        return s
+
+
+# -- the measurements (run in child processes) ---------------------------------------------------
+def layer_plan(mechanisms: list[str], shapes: list[tuple[int, int]], group: int | None,
+               first: list[str] = COMPILE_FIRST) -> list[tuple[int, int, list[str]]]:
+    """The runs of a layer stage: per shape (in order), the mechanisms (``first`` ones first) in
+    groups of ``group`` (None: all in one run)."""
+    ordered = [m for m in first if m in mechanisms] + [m for m in mechanisms if m not in first]
+    size = group or max(1, len(ordered))
+    return [(n, b, ordered[i:i + size]) for n, b in shapes for i in range(0, len(ordered), size)]
+
+
+def _append_rows(path: Path, rows: list[dict[str, Any]]) -> None:
+    old = json.loads(path.read_text()) if path.exists() else []
+    write_json_atomic(path, old + rows)
+
+
+def _log(msg: str) -> None:
+    print(f"[gpu-check] {msg}", file=sys.stderr, flush=True)
+
+
+def mode_name(mode: str) -> str:
+    """The ``mode`` of a layer record: ``eager`` or ``compile <torch.compile mode>``."""
+    return mode if mode == "eager" else f"compile {mode}"
+
+
+def layer_todo(s: Settings, mode: str) -> list[tuple[Sizes, list[str]]]:
+    """The layer runs of ``mode`` ("eager" or a compile mode) still to do: (sizes with n as
+    ``max_len`` and the batch, the mechanisms whose record is missing), in the order of
+    :func:`layer_plan`."""
+    from .. import mechanisms as registry
+    from ..experiments.store import hardware
+    from .store import LAYER_RECIPE, missing, setup
+
+    names = s.mechanisms or registry.names()
+    # the earlier H100 table's size (4 heads of 64); tiny: 2 heads of 16, fp32 (CPUs lack fast bf16)
+    sizes = replace(Sizes(heads=2, head_dim=16) if s.tiny else Sizes(), device=s.device,
+                    dtype="float32" if s.tiny else "bfloat16")
+    hw = hardware(s.device)
+    out = []
+    for n, batch, group in layer_plan(names, s.shapes, s.eager_group if mode == "eager" else s.compile_group):
+        run_sizes = replace(sizes, batch=batch, max_len=n)
+        todo = [m for m in group if missing(LAYER_RECIPE, [setup("layer", spec_label([m]), n, batch, run_sizes,
+                                                                 mode_name(mode), hw)], s.results)]
+        if todo:
+            out.append((run_sizes, todo))
+    return out
+
+
+def layer_stage(s: Settings, mode: str, rows_out: Path) -> None:
+    """Measure every layer setup of ``mode`` ("eager" or a compile mode) not yet in the store."""
+    import torch
+
+    from ..experiments.store import provenance
+    from .run import BenchOptions, run
+    from .store import LAYER_RECIPE, publish_rows
+
+    compiled = mode != "eager"
+    for sizes, todo in layer_todo(s, mode):
+        where = f"layer {mode_name(mode)} n={sizes.max_len} batch={sizes.batch}"
+        _log(f"{where}: {', '.join(todo)}")
+        opts = BenchOptions(mechanisms=[[m] for m in todo], lengths=[sizes.max_len], kinds=("layer",), sizes=sizes,
+                            batches=[sizes.batch], threads=min(16, torch.get_num_threads()), repeats=s.repeats,
+                            warmup=1 if compiled else 0,  # eager: building the case ran each step once
+                            memory=not (compiled or s.tiny), compile=mode if compiled else None)
+        rows = run(opts, log=_log)
+        command = (f"posattn bench --kinds layer --device {s.device} --dtype {sizes.dtype} -n {sizes.max_len} "
+                   f"--batch {sizes.batch} --repeats {s.repeats} -m {' '.join(todo)}"
+                   + (f" --compile {mode}" if compiled else ""))
+        written, kept = publish_rows(LAYER_RECIPE, "layer", rows, sizes, mode_name(mode),
+                                     provenance(command, s.device), s.results)
+        _append_rows(rows_out, [{**r, "mode": mode_name(mode)} for r in rows])
+        _log(f"{where}: {written} records written, {kept} already there, "
+             f"{sum(1 for r in rows if r.get('error'))} errors")
+
+
+def model_groups(mechanisms: list[str]) -> list[tuple[list[str], list[str]]]:
+    """The model runs: (the models timed together, the ones whose records the run is for). Each
+    run holds its reference: the encoder (``absolute``) and its MLM variant against BERT, the
+    decoder (``rope``) against Llama, then score-term encoders three at a time beside ``absolute``.
+    Names as :func:`.models.model_name` gives them."""
+    from .models import model_name
+
+    enc = model_name("posattn_encoder")
+    groups = [([enc, "posattn_mlm", "hf_bert"],) * 2, (["posattn_decoder", "hf_llama"],) * 2]
+    for i in range(0, len(mechanisms), 3):
+        subjects = [model_name("posattn_encoder", [m]) for m in mechanisms[i:i + 3]]
+        groups.append(([enc, *subjects], subjects))
+    return groups
+
+
+def model_sizes(s: Settings) -> Sizes:
+    """BERT-base (12 layers, d 768, 12 heads, FFN 3072, n 512, batch 32) in bf16; tiny: 2 small layers."""
+    if s.tiny:
+        sizes = Sizes(heads=2, head_dim=16, vocab=512, layers=2, d_ff=64, batch=2, max_len=32, dtype="float32")
+    else:
+        sizes = Sizes(heads=12, head_dim=64, vocab=30522, layers=12, d_ff=3072, batch=32, max_len=512,
+                      dtype="bfloat16")
+    return replace(sizes, dropout=0.1, device=s.device)
+
+
+def model_todo(s: Settings) -> list[list[str]]:
+    """The model runs whose records are not all in the store yet."""
+    from ..experiments.store import hardware
+    from .cases import CaseSpec
+    from .store import MODEL_RECIPE, missing, setup
+
+    sizes, hw = model_sizes(s), hardware(s.device)
+    n = sizes.max_len
+    mechs = [m for m in (s.mechanisms or MODEL_MECHANISMS) if m not in ("absolute", "rope")]
+    return [group for group, subjects in model_groups(mechs)
+            if missing(MODEL_RECIPE, [setup("model", CaseSpec("model", name, n).label, n, sizes.batch, sizes,
+                                            "eager", hw) for name in subjects], s.results)]
+
+
+def model_stage(s: Settings, rows_out: Path) -> None:
+    """Whole models against Hugging Face, every run not yet in the store."""
+    import torch
+
+    from ..experiments.store import provenance
+    from .cases import CaseSpec
+    from .models import model_rows
+    from .run import BenchOptions, run
+    from .store import MODEL_RECIPE, publish_rows
+
+    sizes = model_sizes(s)
+    n = sizes.max_len
+    for group in model_todo(s):
+        _log(f"models n={n} batch={sizes.batch}: {', '.join(CaseSpec('model', g, n).label for g in group)}")
+        opts = BenchOptions(kinds=("model",), models=group, lengths=[n], batches=[sizes.batch], sizes=sizes,
+                            threads=min(16, torch.get_num_threads()), repeats=s.repeats, warmup=1,
+                            memory=not s.tiny)
+        rows = model_rows(run(opts, log=_log))
+        ref = next((r for r in rows if r["mechanism"] == "posattn_encoder" and r.get("train_ms")), None)
+        for r in rows:
+            if ref and r["mechanism"].startswith("posattn_encoder") and r.get("train_ms"):
+                r["vs_posattn_encoder"] = r["train_ms"] / ref["train_ms"]  # step time ÷ absolute's, same run
+        command = (f"posattn bench --models --device {s.device} --dtype {sizes.dtype} -n {n} --batch {sizes.batch} "
+                   f"--repeats {s.repeats} ({', '.join(group)})")
+        written, kept = publish_rows(MODEL_RECIPE, "model", rows, sizes, "eager", provenance(command, s.device),
+                                     s.results)
+        _append_rows(rows_out, rows)
+        _log(f"models: {written} records written, {kept} already there")
+
+
+# -- the CAT figure cells -------------------------------------------------------------------------
+def seed_run_folder(recipe: str, run: Path, root: Path) -> tuple[str, int, int]:
+    """Copy the cells of ``recipe`` already in the store into its compare run folder as finished
+    cells (so compare skips them); returns (the sweep's name, cells in the store, cells in all)."""
+    from ..experiments import store
+    from ..tasks.compare import load_config, validate_config
+
+    sweep = validate_config(load_config(recipe))
+    name = check_name(sweep.name, "sweep name")
+    ids = {cell.id for cell in sweep.cells}
+    present = 0
+    for record in store.load(name, root, kind="cell"):
+        if record["id"] not in ids:
+            continue
+        present += 1
+        path = run / "cells" / record["id"] / "result.json"
+        if not path.exists():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            write_json_atomic(path, record["result"])
+    return name, present, len(ids)
+
+
+def publish_run_folder(recipe: str, run: Path, root: Path, device: str, command: str) -> int:
+    """Store every finished cell of a compare run folder (what ``posattn results add`` does; used
+    only where that command is not installed); returns how many records were written."""
+    from ..experiments.store import provenance, publish
+    from ..tasks.compare import finished_cell, load_config, validate_config
+
+    sweep = validate_config(load_config(recipe))
+    prov = provenance(command, device)
+    return sum(publish(sweep.name, cell.id, result, prov, root=root)
+               for cell in sweep.cells if (result := finished_cell(cell, sweep.test_lengths[cell.train_length], run)))
+
+
+def _cli_help(words: list[str]) -> str | None:
+    """``posattn WORDS --help``, or None where that command does not exist (in this checkout)."""
+    proc = subprocess.run([sys.executable, "-m", "posattn.cli", *words, "--help"], capture_output=True, text=True)
+    return proc.stdout if proc.returncode == 0 else None
+
+
+# -- the driver -----------------------------------------------------------------------------------
+@dataclass
+class StageResult:
+    name: str
+    status: str  # "done", "stopped at its time box", "failed (exit N)", "skipped: ..."
+    seconds: float = 0.0
+    note: str = ""
+
+
+class Driver:
+    """Runs the stages in order within the deadline and keeps $OUT up to date after each."""
+
+    def __init__(self, s: Settings) -> None:
+        self.s = s
+        self.start = time.monotonic()
+        self.results: list[StageResult] = []
+        self.log = (s.out / "gpu_check.log").open("a")
+        self.before = self._snapshot()
+
+    def left(self) -> float:
+        return self.s.seconds - RESERVE - (time.monotonic() - self.start)
+
+    def _snapshot(self) -> dict[str, str]:
+        root = self.s.results
+        if not root.is_dir():
+            return {}
+        return {str(p.relative_to(root)): hashlib.sha1(p.read_bytes()).hexdigest()
+                for p in sorted(root.rglob("*")) if p.is_file()}
+
+    def child(self, argv: list[str], limit: float, log: Any = None) -> tuple[int | None, float]:
+        """Run ``argv`` for at most ``limit`` seconds (its whole process group killed after);
+        returns (exit status or None if killed, seconds)."""
+        t0 = time.monotonic()
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+            filter(None, [str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH")]))}
+        proc = subprocess.Popen(argv, stdout=log or self.log, stderr=subprocess.STDOUT, env=env,
+                                start_new_session=True)
+        try:
+            rc: int | None = proc.wait(timeout=max(1.0, limit))
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+            rc = None
+        return rc, time.monotonic() - t0
+
+    def stage(self, name: str, argv: list[str], log: Any = None, left: Callable[[], str] | None = None) -> None:
+        """Run one stage within its box; ``left`` says what it left undone (for the summary)."""
+        box = min(self.s.boxes.get(name, float("inf")), self.left())
+        if box < 5:
+            self.results.append(StageResult(name, "skipped: no time left"))
+        else:
+            self.log.write(f"\n===== {name} (at most {box:.0f} s) =====\n")
+            self.log.flush()
+            rc, seconds = self.child(argv, box, log)
+            status = "done" if rc == 0 else "stopped at its time box" if rc is None else f"failed (exit {rc})"
+            self.results.append(StageResult(name, status, seconds))
+        if left:
+            self.results[-1].note = left()
+        self.finish()
+
+    def layer_left(self, mode: str) -> str:
+        todo = layer_todo(self.s, mode)
+        if not todo:
+            return "every setup in the store"
+        return (f"{sum(len(t) for _, t in todo)} setups left, next: n={todo[0][0].max_len} "
+                f"batch={todo[0][0].batch} {', '.join(todo[0][1])}")
+
+    def me(self, *args: str) -> list[str]:
+        return [sys.executable, "-m", "posattn.bench.gpu_check", "--out", str(self.s.out), *args]
+
+    def run(self) -> None:
+        s = self.s
+        with (s.out / "pytest.log").open("w") as log:
+            self.stage("tests", [sys.executable, "-m", "pytest", *s.tests, "-q", "-p", "no:cacheprovider"], log)
+        self.stage("layer_eager", self.me("--stage", "layer_eager"), left=lambda: self.layer_left("eager"))
+        self.stage("layer_compiled", self.me("--stage", "layer_compiled"),
+                   left=lambda: self.layer_left(s.compile_mode))
+        self.stage("models", self.me("--stage", "models"),
+                   left=lambda: f"{len(model_todo(s))} model runs left" if model_todo(s) else "every run in the store")
+        self.cat()
+
+    def cat(self) -> None:
+        """The CAT recipes in order, each from its next unfinished cell, until the deadline."""
+        from ..experiments.store import hardware, load
+
+        s = self.s
+        t0 = time.monotonic()
+        time_limit = "--time-limit" in (_cli_help(["compare"]) or "")
+        results_add = _cli_help(["results", "add"])
+        notes = []
+        for recipe in s.recipes:
+            left = self.left()
+            if left < PUBLISH + 70:  # under a minute of training is not worth a compare start-up
+                notes.append(f"{recipe}: not started (no time left)")
+                continue
+            run = s.work / f"compare-{Path(recipe).stem}"
+            try:  # e.g. a config the checkout cannot load here: said in the summary, the next recipe runs
+                name, present, total = seed_run_folder(recipe, run, s.results)
+            except Exception as e:
+                notes.append(f"{recipe}: not started ({type(e).__name__}: {e})")
+                continue
+            if present == total:
+                notes.append(f"{name}: complete in the store ({total} cells)")
+                continue
+            argv = [sys.executable, "-m", "posattn.cli", "compare", recipe, "--device", s.device,
+                    "--workers", str(s.workers), "--no-progress", "--out", str(run)]
+            if time_limit:  # no new cell after this; the kill below is the backstop for the cells in flight
+                argv += ["--time-limit", str(int(left - PUBLISH - 60))]
+            self.log.write(f"\n===== cat: {name} ({present}/{total} cells in the store, {left:.0f} s left) =====\n")
+            self.log.flush()
+            rc, _ = self.child(argv, left - PUBLISH)
+            command = " ".join(["posattn", *argv[3:]])
+            if results_add is not None:  # posattn results add: the store's own way in
+                add = [sys.executable, "-m", "posattn.cli", "results", "add", str(run)]
+                add += ["--command", command] * ("--command" in results_add)
+                add += ["--hardware", hardware(s.device)] * ("--hardware" in results_add)
+                self.child(add, max(5.0, self.left() + RESERVE - 5))
+            else:
+                publish_run_folder(recipe, run, s.results, s.device, command)
+            now = len(load(name, s.results, kind="cell"))
+            notes.append(f"{name}: {now - present} new cells, {now}/{total} in the store"
+                         + ("" if rc == 0 else " (stopped at the deadline)" if rc is None else f" (exit {rc})"))
+            self.finish(extra=StageResult("cat", "running", time.monotonic() - t0, "; ".join(notes)))
+        ran = any("not started" not in note for note in notes)
+        self.results.append(StageResult("cat", "done" if ran else "skipped", time.monotonic() - t0,
+                                        "; ".join(notes) or "no recipes"))
+        self.finish()
+
+    def finish(self, extra: StageResult | None = None) -> None:
+        """Pack the new and changed store files and write the summary (after every stage)."""
+        self.log.flush()
+        now = self._snapshot()
+        changed = [p for p, h in now.items() if self.before.get(p) != h]
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+            for rel in changed:
+                tar.add(self.s.results / rel, arcname=str(Path("results") / rel))
+        write_bytes_atomic(self.s.out / ARCHIVE, buf.getvalue())
+        lines = [f"gpu check: {time.monotonic() - self.start:.0f} s of {self.s.seconds:.0f}, device {self.s.device}",
+                 f"{len(changed)} new or changed files under {self.s.results}/ in {ARCHIVE}", ""]
+        shown = self.results + ([extra] if extra else [])
+        for r in shown:
+            lines.append(f"{r.name:15s} {r.status:28s} {r.seconds:6.0f} s  {r.note}".rstrip())
+        lines += [f"{name:15s} not reached" for name in STAGES if name not in {r.name for r in shown}]
+        write_text_atomic(self.s.out / "summary.txt", "\n".join(lines) + "\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m posattn.bench.gpu_check", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", required=True, type=Path, help="folder for the archive, logs and summary ($OUT)")
+    p.add_argument("--stage", choices=["layer_eager", "layer_compiled", "models"],
+                   help="run one measuring stage in this process (the driver's children)")
+    args = p.parse_args(argv)
+    try:
+        if not args.out.is_dir():
+            raise PositionError(f"gpu check: --out {args.out} is not a folder")
+        s = Settings.from_env(args.out)
+        if args.stage == "layer_eager":
+            layer_stage(s, "eager", s.out / "layer_bench.json")
+        elif args.stage == "layer_compiled":
+            layer_stage(s, s.compile_mode, s.out / "layer_bench_compiled.json")
+        elif args.stage == "models":
+            model_stage(s, s.out / "model_bench.json")
+        else:
+            Driver(s).run()
+    except PositionError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

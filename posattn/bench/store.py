@@ -1,0 +1,59 @@
+"""Benchmark rows as results-store records (:mod:`posattn.experiments.store`), one per measured setup.
+
+A setup is what determines a number: the bench kind (``layer`` or ``model``), the case (a
+mechanism's label, ``sdpa``, or a model such as ``posattn_encoder(alibi)`` / ``hf_bert``), the
+length, the batch, the precision, the mode (``eager`` or a ``torch.compile`` mode), the
+hardware and the model's size. A record's id is a hash of that content, so a later run on the
+same kind of machine finds what exists and measures only what is missing (:func:`missing`),
+and records from several machines merge by copying files.
+
+A row's ratios (``train_ratio`` to plain SDPA, ``speed_vs_hf_bert``...) were measured in the
+same interleaved rounds as their reference; the record keeps the row whole, so a ratio is never
+formed from two runs.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+from ..experiments import store
+from .cases import Sizes
+
+LAYER_RECIPE = "gpu_layer_bench"
+MODEL_RECIPE = "gpu_model_bench"
+# the size fields that change a number (device and max_len follow from hardware and n)
+SIZE_FIELDS = ("heads", "head_dim", "causal", "vocab", "layers", "d_ff", "dropout")
+
+
+def setup(bench: str, case: str, n: int, batch: int, sizes: Sizes, mode: str, hardware: str) -> dict[str, Any]:
+    """The content that identifies one measurement."""
+    return {"bench": bench, "case": case, "n": n, "batch": batch, "dtype": sizes.dtype, "mode": mode,
+            "hardware": hardware, **{k: getattr(sizes, k) for k in SIZE_FIELDS}}
+
+
+def record_id(key: dict[str, Any]) -> str:
+    """A short stable hash of a setup (the record's file name)."""
+    return hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def missing(recipe: str, keys: list[dict[str, Any]], root: str | Path | None = None) -> list[dict[str, Any]]:
+    """The setups of ``keys`` that have no record in the store yet."""
+    return [k for k in keys if not store.record_path(recipe, record_id(k), root).exists()]
+
+
+def publish_rows(recipe: str, bench: str, rows: list[dict[str, Any]], sizes: Sizes, mode: str,
+                 prov: dict[str, str], root: str | Path | None = None) -> tuple[int, int]:
+    """Store every measured row (rows with an error are left out, so a later run retries them);
+    returns (written, already there)."""
+    written = kept = 0
+    for row in rows:
+        if row.get("error") or row.get("train_ms") is None:
+            continue
+        key = setup(bench, row["mechanism"], row["n"], row["batch"], sizes, mode, prov["hardware"])
+        if store.publish(recipe, record_id(key), {**key, "row": row}, prov, root=root):
+            written += 1
+        else:
+            kept += 1
+    return written, kept

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# The prepared GPU command: CUDA tests, layer and whole-model benchmarks into the results store,
+# then the next unfinished cells of the CAT figure recipes, all inside one hard deadline.
+#
+#   OUT=/path/to/empty/folder bash scripts/gpu_check.sh        # from the repository root
+#
+# What comes back in $OUT (at most 8 files): results.tar.gz (the new and changed files under
+# results/, unpack at the repository root and commit), summary.txt (stages, seconds, what was left
+# for lack of time), gpu_check.log, pytest.log, layer_bench.json, layer_bench_compiled.json,
+# model_bench.json. Settings (environment): GPU_CHECK_SECONDS (default 480), GPU_CHECK_DEVICE
+# (cuda), GPU_CHECK_WORKERS (compare workers, 12), GPU_CHECK_REPEATS (3), GPU_CHECK_COMPILE_MODE
+# (default), GPU_CHECK_COMPILE_GROUP (2) and GPU_CHECK_EAGER_GROUP (12) (mechanisms per run),
+# GPU_CHECK_BOXES ("tests=60 layer_eager=150 layer_compiled=120 models=90"), GPU_CHECK_SHAPES
+# ("4096x16 512x16 ..."), GPU_CHECK_MECHANISMS, GPU_CHECK_RECIPES, GPU_CHECK_TINY=1 (tiny sizes:
+# the whole command on a CPU in a minute or two); see posattn/bench/gpu_check.py.
+set -u
+if [ -z "${OUT:-}" ] || [ ! -d "$OUT" ]; then
+    echo "gpu_check.sh: set OUT to an existing folder for the results" >&2
+    exit 2
+fi
+cd "$(dirname "$0")/.."
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+export OMP_WAIT_POLICY=PASSIVE
+PY="${PYTHON:-python3}"
+SECONDS_LIMIT="${GPU_CHECK_SECONDS:-480}"
+# the driver keeps its own deadline; this is the backstop should it hang (it then loses only the summary)
+timeout --signal=TERM --kill-after=10 "$((${SECONDS_LIMIT%.*} + 20))" \
+    "$PY" -m posattn.bench.gpu_check --out "$OUT"
+rc=$?
+echo "gpu_check.sh: exit $rc; $(ls "$OUT" | wc -l) files in $OUT"
+cat "$OUT/summary.txt" 2>/dev/null
+exit $rc

@@ -1,0 +1,118 @@
+"""The prepared GPU command's parts on the CPU: benchmark rows become store records keyed by their
+setup, a setup in the store is not measured again, stages are killed at their time box, the
+archive holds exactly the new and changed store files, and stored CAT cells are skipped."""
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from posattn.bench import gpu_check
+from posattn.bench.cases import Sizes
+from posattn.bench.gpu_check import Driver, Settings, layer_plan, layer_stage, seed_run_folder
+from posattn.bench.store import LAYER_RECIPE, publish_rows, record_id, setup
+from posattn.errors import PositionError
+from posattn.experiments import store
+
+bench_run = importlib.import_module("posattn.bench.run")  # the module (the package exports its run())
+
+
+def tiny(tmp_path: Path, **kw: object) -> Settings:
+    s = Settings(out=tmp_path, device="cpu", tiny=True, shapes=[(16, 2)], mechanisms=["t5", "rope"], repeats=1,
+                 results=tmp_path / "results", work=tmp_path / "work")
+    for k, v in kw.items():
+        setattr(s, k, v)
+    return s
+
+
+def test_layer_stage_stores_each_setup_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    s = tiny(tmp_path)
+    layer_stage(s, "eager", tmp_path / "rows.json")
+    records = store.load(LAYER_RECIPE, s.results)
+    assert sorted(r["result"]["case"] for r in records) == ["rope", "sdpa", "t5"]
+    hw = store.hardware("cpu")
+    for r in records:
+        key = {k: r["result"][k] for k in r["result"] if k != "row"}
+        assert r["id"] == record_id(key) and key["hardware"] == hw and key["n"] == 16 and key["batch"] == 2
+        assert key["mode"] == "eager" and r["result"]["row"]["train_ms"] > 0
+        assert "--kinds layer" in r["provenance"]["command"] and r["provenance"]["date"]
+    base = next(r for r in records if r["result"]["case"] == "sdpa")
+    assert base["result"]["row"]["train_ratio"] == 1.0
+    assert len(json.loads((tmp_path / "rows.json").read_text())) == 3
+
+    measured: list[list[list[str]]] = []
+    real = bench_run.run
+    monkeypatch.setattr(bench_run, "run", lambda opts, **kw: measured.append(opts.mechanisms) or real(opts, **kw))
+    layer_stage(s, "eager", tmp_path / "rows.json")
+    assert measured == []  # everything is in the store: nothing measured again
+    s.mechanisms = ["t5", "rope", "alibi"]
+    layer_stage(s, "eager", tmp_path / "rows.json")
+    assert measured == [[["alibi"]]]  # only the missing setup (its baseline comes with it)
+    assert len(store.load(LAYER_RECIPE, s.results)) == 4  # the first sdpa record stands
+
+
+def test_rows_with_errors_are_not_stored(tmp_path: Path) -> None:
+    prov = store.provenance("posattn bench", "cpu")
+    rows = [{"mechanism": "t5", "n": 8, "batch": 1, "train_ms": 1.0},
+            {"mechanism": "rope", "n": 8, "batch": 1, "train_ms": None, "error": "OutOfMemoryError: ..."}]
+    assert publish_rows(LAYER_RECIPE, "layer", rows, Sizes(), "eager", prov, tmp_path) == (1, 0)
+    assert publish_rows(LAYER_RECIPE, "layer", rows, Sizes(), "eager", prov, tmp_path) == (0, 1)
+    key = setup("layer", "t5", 8, 1, Sizes(), "default", prov["hardware"])  # another mode: another setup
+    assert not store.record_path(LAYER_RECIPE, record_id(key), tmp_path).exists()
+
+
+def test_compiled_runs_put_the_target_mechanisms_at_n_4096_first() -> None:
+    names = ["none", "absolute", "rope", "alibi", "t5", "cat", "tisa", "segment", "fixed_conv", "dynamic_conv"]
+    plan = layer_plan(names, [(4096, 16), (512, 16)], 4)
+    assert plan[0] == (4096, 16, ["alibi", "t5", "tisa", "fixed_conv"])
+    assert plan[1] == (4096, 16, ["dynamic_conv", "rope", "absolute", "cat"])
+    assert plan[2] == (4096, 16, ["none", "segment"]) and plan[3][:2] == (512, 16)
+    assert [g for _, _, g in layer_plan(names, [(128, 64)], None)] == [[*plan[0][2], *plan[1][2], "none", "segment"]]
+
+
+def test_settings_refuse_bad_values(tmp_path: Path) -> None:
+    assert Settings.from_env(tmp_path, {"GPU_CHECK_SHAPES": "4096x16 128x64"}).shapes == [(4096, 16), (128, 64)]
+    for env in ({"GPU_CHECK_BOXES": "layers=10"}, {"GPU_CHECK_SECONDS": "ten"}, {"GPU_CHECK_WORKERS": "0"},
+                {"GPU_CHECK_EAGER_GROUP": "0"}, {"GPU_CHECK_SHAPES": "4096"}):
+        with pytest.raises(PositionError, match="gpu check"):
+            Settings.from_env(tmp_path, env)
+
+
+def test_a_stage_is_killed_at_its_box_and_the_archive_holds_new_files(tmp_path: Path) -> None:
+    s = tiny(tmp_path, seconds=120.0)
+    (s.results / "old").mkdir(parents=True)
+    (s.results / "old" / "a.json").write_text("{}")
+    (s.results / "old" / "b.json").write_text("{}")
+    driver = Driver(s)
+    rc, seconds = driver.child([sys.executable, "-c", "import time; time.sleep(60)"], 1.0)
+    assert rc is None and seconds < 30
+    (s.results / "old" / "b.json").write_text('{"changed": 1}')
+    (s.results / "new").mkdir()
+    (s.results / "new" / "c.json").write_text("{}")
+    driver.results.append(gpu_check.StageResult("tests", "done", 1.0))
+    driver.finish()
+    with tarfile.open(tmp_path / gpu_check.ARCHIVE) as tar:
+        assert sorted(tar.getnames()) == ["results/new/c.json", "results/old/b.json"]
+    summary = (tmp_path / "summary.txt").read_text()
+    assert "tests" in summary and "layer_eager     not reached" in summary
+
+
+def test_cells_in_the_store_are_finished_cells_of_the_run(tmp_path: Path) -> None:
+    config = tmp_path / "tiny.yaml"
+    config.write_text("name: tiny_cat\ntask: mqar\ntask_params: {num_kv_pairs: 2}\nvocab_size: 16\n"
+                      "train_length: 16\ntest_multipliers: [1]\nexamples: {train: 100, valid: 20, test: 20}\n"
+                      "d_model: 16\nn_heads: 2\nd_ff: 0\nmodels:\n  - {mechanisms: [cat], layers: 1}\n"
+                      "  - {mechanisms: [rope], layers: 1}\ntraining: {steps: 5, batch_size: 8, lr: 0.003}\n")
+    from posattn.tasks.compare import finished_cell, load_config, validate_config
+
+    sweep = validate_config(load_config(str(config)))
+    first = sweep.cells[0]
+    result = {"id": first.id, "accuracy": {"16": 0.5}, "label": "cat"}
+    store.publish("tiny_cat", first.id, result, store.provenance("posattn compare", "cpu"), root=tmp_path / "results")
+    run = tmp_path / "run"
+    assert seed_run_folder(str(config), run, tmp_path / "results") == ("tiny_cat", 1, 2)
+    assert finished_cell(first, [16], run) == result and finished_cell(sweep.cells[1], [16], run) is None
