@@ -287,24 +287,6 @@ def seed_run_folder(recipe: str, run: Path, root: Path) -> tuple[str, int, int]:
     return name, present, len(ids)
 
 
-def publish_run_folder(recipe: str, run: Path, root: Path, device: str, command: str) -> int:
-    """Store every finished cell of a compare run folder (what ``posattn results add`` does; used
-    only where that command is not installed); returns how many records were written."""
-    from ..experiments.store import provenance, publish
-    from ..tasks.compare import finished_cell, load_config, validate_config
-
-    sweep = validate_config(load_config(recipe))
-    prov = provenance(command, device)
-    return sum(publish(sweep.name, cell.id, result, prov, root=root)
-               for cell in sweep.cells if (result := finished_cell(cell, sweep.test_lengths[cell.train_length], run)))
-
-
-def _cli_help(words: list[str]) -> str | None:
-    """``posattn WORDS --help``, or None where that command does not exist (in this checkout)."""
-    proc = subprocess.run([sys.executable, "-m", "posattn.cli", *words, "--help"], capture_output=True, text=True)
-    return proc.stdout if proc.returncode == 0 else None
-
-
 # -- the driver -----------------------------------------------------------------------------------
 @dataclass
 class StageResult:
@@ -396,8 +378,6 @@ class Driver:
 
         s = self.s
         t0 = time.monotonic()
-        time_limit = "--time-limit" in (_cli_help(["compare"]) or "")
-        results_add = _cli_help(["results", "add"])
         notes = []
         for recipe in s.recipes:
             left = self.left()
@@ -415,19 +395,15 @@ class Driver:
                 continue
             argv = [sys.executable, "-m", "posattn.cli", "compare", recipe, "--device", s.device,
                     "--workers", str(s.workers), "--no-progress", "--out", str(run)]
-            if time_limit:  # no new cell after this; the kill below is the backstop for the cells in flight
-                argv += ["--time-limit", str(int(left - PUBLISH - 60))]
+            # no new cell after the time limit; the kill below is the backstop for the cells in flight
+            argv += ["--time-limit", str(int(left - PUBLISH - 60))]
             self.log.write(f"\n===== cat: {name} ({present}/{total} cells in the store, {left:.0f} s left) =====\n")
             self.log.flush()
             rc, _ = self.child(argv, left - PUBLISH)
-            command = " ".join(["posattn", *argv[3:]])
-            if results_add is not None:  # posattn results add: the store's own way in
-                add = [sys.executable, "-m", "posattn.cli", "results", "add", str(run)]
-                add += ["--command", command] * ("--command" in results_add)
-                add += ["--hardware", hardware(s.device)] * ("--hardware" in results_add)
-                self.child(add, max(5.0, self.left() + RESERVE - 5))
-            else:
-                publish_run_folder(recipe, run, s.results, s.device, command)
+            command = f"posattn compare {recipe} --device {s.device} --workers {s.workers}"
+            add = [sys.executable, "-m", "posattn.cli", "results", "add", str(run), "--command", command,
+                   "--hardware", hardware(s.device)]
+            self.child(add, max(5.0, self.left() + RESERVE - 5))
             now = len(load(name, s.results, kind="cell"))
             notes.append(f"{name}: {now - present} new cells, {now}/{total} in the store"
                          + ("" if rc == 0 else " (stopped at the deadline)" if rc is None else f" (exit {rc})"))
