@@ -134,7 +134,7 @@ def _measure(n: int, sizes: Sizes, opts: BenchOptions, log: Callable[[str], None
         paths = {c.spec: c.path for c in cases}
         applicable = [c.spec for c in cases]
         log(f"{where}: timing {len(cases)} cases × {opts.repeats} rounds")
-        times = time_cases(cases, opts.repeats, opts.warmup, lambda m: log(f"{where}: {m}"))
+        times = time_cases(cases, opts.repeats, opts.warmup, lambda m: log(f"{where}: {m}")) if cases else {}
         del cases
     memory: dict[CaseSpec, dict[str, Any]] = {}
     if opts.memory and not opts.compile:  # the memory child rebuilds eager cases: compiled runs have none
