@@ -12,8 +12,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..attention.terms import QueryRelative, Toeplitz
-from ..mechanisms.absolute import sinusoids
+from ..attention.terms import QueryRelative
 from ..models import Transformer, is_checkpoint, load
 from .hf import CheckpointError, HFCheckpoint, is_hf_folder, resolve
 from .profiles import Profiles
@@ -50,16 +49,14 @@ def as_float64(model: Transformer) -> Transformer:
 
 
 def position_table(model: Transformer, n: int | None = None) -> Tensor:
-    """E_P ``[n, d]`` of the model's input position mechanism (``absolute`` or ``sinusoidal``)."""
+    """E_P ``[n, d]`` of the model's input position mechanism (any that has a table:
+    :meth:`~posattn.mechanisms.base.Mechanism.position_table`)."""
     names = [m.name for m in model.input_mechanisms]
     n = n or model.cfg.max_len
     for m in model.input_mechanisms:
-        if m.name == "absolute":
-            if n > m.max_len:
-                raise CheckpointError(f"asked for {n} positions, the absolute table has {m.max_len}")
-            return m.embedding.weight[:n].detach().to(torch.float64)
-        if m.name == "sinusoidal":
-            return sinusoids(torch.arange(n), model.cfg.d_model, m.base).to(torch.float64)
+        table = m.position_table(n)
+        if table is not None:
+            return table
     raise CheckpointError(
         f"this posattn model has no input position embeddings (its mechanisms: "
         f"{', '.join(map(str, model.cfg.mechanisms)) or 'none'}; input-level: {names or 'none'})"
@@ -116,7 +113,7 @@ def position_scores(model: Transformer, n: int) -> list[Tensor]:
         q, k, _ = block.attn.project(block.ln1(x), ctx)
         s = q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5 if content else torch.zeros(1, q.shape[1], n, n, dtype=q.dtype)
         for mech in block.attn.mechanisms:
-            if mech.name == "segment":  # segments, not positions
+            if not mech.positional:  # segment ids, not positions
                 continue
             for t in mech.score_terms(q, k, ctx):
                 if not isinstance(t, QueryRelative):
@@ -128,39 +125,22 @@ def position_scores(model: Transformer, n: int) -> list[Tensor]:
 def learned_structures(model: Transformer, n: int) -> list[dict]:
     """What each layer's mechanisms learned, as arrays to plot (Chang Fig 2-3, TISA Fig 3, DIET Fig 4/7).
 
-    Items: ``{"layer", "mechanism", "kind", "data"}`` with kind ``offsets`` (``[h, 2n−1]`` score added
-    at each offset r = j − i: fixed_conv, composite's fixed part, diet_rel, t5, tisa, alibi),
-    ``depthwise`` (``[d_model, k]`` value-convolution kernels), ``matrix`` (``[h, n, n]`` DIET-ABS
-    P_Q P_Kᵀ), ``segment`` (``[h, S, S]``) or ``filter`` (CAT filters ``[k]`` or ``[d, k]`` per target).
+    Items: ``{"layer", "mechanism", "kind", "data"}`` from each mechanism's
+    :meth:`~posattn.mechanisms.base.Mechanism.position_structures` (kinds in
+    :class:`~posattn.mechanisms.base.Structure`); a mechanism shared across layers is shown once,
+    at its first layer.
     """
     _check_length(model, n)
     ids = torch.zeros(1, n, dtype=torch.long)
     ctx = model.context(ids, None, None, None)
-    h, dh = model.cfg.n_heads, model.cfg.d_model // model.cfg.n_heads
-    q = torch.zeros(1, h, n, dh)
     items: list[dict] = []
     seen: set[int] = set()
     with torch.no_grad():
         for layer, block in enumerate(model.blocks):
             for mech in block.attn.mechanisms:
-                if id(mech) in seen:  # shared across layers: shown once, at its first layer
+                if id(mech) in seen:
                     continue
                 seen.add(id(mech))
-                tag = {"layer": layer, "mechanism": mech.name}
-                if mech.name == "depthwise_conv":
-                    items.append({**tag, "kind": "depthwise", "data": mech.weight.detach().double().numpy()})
-                elif mech.name == "diet_abs":
-                    pq, pk = mech.p_q[:, :n].double(), mech.p_k[:, :n].double()
-                    items.append({**tag, "kind": "matrix", "data": (pq @ pk.transpose(-1, -2)).numpy()})
-                elif mech.name == "segment" and mech.mode == "attention":
-                    items.append({**tag, "kind": "segment", "data": mech.table.detach().double().numpy()})
-                elif mech.name == "cat":
-                    for t, f in mech.filters.items():
-                        items.append({**tag, "mechanism": f"cat:{t}", "kind": "filter",
-                                      "data": f.detach().double().numpy()})
-                else:
-                    tables = [t.table for t in mech.score_terms(q, q, ctx) if isinstance(t, Toeplitz)]
-                    for table in tables:
-                        full = table.expand(h, -1).double().numpy()
-                        items.append({**tag, "kind": "offsets", "data": np.ascontiguousarray(full)})
+                items += [{"layer": layer, "mechanism": s.label, "kind": s.kind,
+                           "data": np.ascontiguousarray(s.data.numpy())} for s in mech.position_structures(n, ctx)]
     return items

@@ -48,22 +48,24 @@ from __future__ import annotations
 import math
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Iterator, Literal
+from typing import Iterator
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ..errors import PositionError
 from . import native, reference
 from .banded import BandGeometry, banded_attention
 from .cache import POSITION_CACHE
+from .dispatch import Path, check_terms, refused
 from .dropout import hashed
 from .flash_bias import BiasGeometry, ChunkFn, flash_bias_attention, relative_chunk
+from .flex import flex_attend
+from .fold import fold_low_rank
 from .fused import fused_attention, kernel_inputs
 from .masking import allowed_mask
 from .terms import Dense, LowRank, QueryRelative, Term, Toeplitz
-
-Path = Literal["sdpa", "dense", "banded", "flash_bias", "fused", "flex"]
 
 
 @dataclass(frozen=True)
@@ -113,27 +115,6 @@ def using(policy: Policy) -> Iterator[Policy]:
 
 
 # -- pieces shared by several paths -----------------------------------------------------------
-def _round_up(x: int, m: int) -> int:
-    return -(-x // m) * m
-
-
-def fold_low_rank(q: Tensor, k: Tensor, v: Tensor, terms: list[LowRank], scale: float,
-                  multiple: int = 1) -> tuple[Tensor, Tensor, Tensor]:
-    """q' = [q·scale, u…], k' = [k, v…], zero-padded to a multiple of ``multiple`` and at least
-    v's width; v zero-padded to the same width. q'·k' = scale·q·k + Σ u·v."""
-    b, h, n, _ = q.shape
-    qs, ks = [q * scale], [k]
-    for t in terms:
-        qs.append(t.u.expand(b, h, n, -1).to(q.dtype))
-        ks.append(t.v.expand(b, h, n, -1).to(k.dtype))
-    q2, k2 = torch.cat(qs, -1), torch.cat(ks, -1)
-    width = _round_up(max(q2.shape[-1], v.shape[-1]), multiple)
-    pad = width - q2.shape[-1]
-    if pad:
-        q2, k2 = F.pad(q2, (0, pad)), F.pad(k2, (0, pad))
-    return q2, k2, F.pad(v, (0, width - v.shape[-1]))
-
-
 def _position_only(terms: list[Term]) -> bool:
     return all(t.position_only() for t in terms)
 
@@ -145,7 +126,7 @@ def _term_tensors(terms: list[Term]) -> list[Tensor]:
 def _dense_bias(terms: list[Term], n: int) -> Tensor:
     total: Tensor | None = None
     for t in terms:
-        part = t.bias(n)
+        part = t.dense(n) if isinstance(t, Dense) else t.bias(n)  # Dense's field ``bias`` hides the method
         total = part if total is None else total + part
     assert total is not None
     return total if total.dim() == 4 else total.unsqueeze(0)
@@ -265,6 +246,17 @@ def attend(
     policy = policy or policy_for(q.device)
     terms = _resolve(terms, causal, q, policy)  # once: plan's own _resolve leaves resolved terms as they are
     path = plan(q, terms, causal, dropout, training, policy, keep)
+    return run(path, q, k, v, terms, keep, causal, dropout, training, policy=policy)
+
+
+def run(path: Path, q: Tensor, k: Tensor, v: Tensor, terms: list[Term], keep: Tensor | None, causal: bool,
+        dropout: float = 0.0, training: bool = False, *, policy: Policy | None = None) -> Tensor:
+    """Attention output [b, h, n, d_v] computed by ``path`` itself (:func:`attend` runs the
+    path :func:`plan` picks). A term the path has no code for is refused by term type and path
+    (:mod:`.dispatch`), as are terms it cannot take for a reason beyond their type: ``banded``
+    needs every term constant beyond a window, ``fused`` needs terms its kernels take."""
+    policy = policy or policy_for(q.device)
+    check_terms(path, terms)
     low = [t for t in terms if isinstance(t, LowRank)]
     rest = [t for t in terms if not isinstance(t, LowRank)]
     scale = 1.0 / math.sqrt(q.shape[-1])
@@ -275,13 +267,19 @@ def attend(
     if path == "dense":
         return _dense(q, k, v, low, rest, keep, causal, scale, p, policy)
     if path == "flex":
-        from .flex import flex_attend
-
         return flex_attend(q, k, v, low, rest, keep, causal, scale)
     if path == "fused":
+        for t in rest + low:
+            if not t.fusable():
+                raise refused(path, t, "the fused kernels do not take this one (Term.fusable)")
+        if native.kernels() is None:
+            raise PositionError("the fused attention path needs the C++ kernels, which did not build here")
         return fused_attention(q * scale, k, v, kernel_inputs(rest + low), keep, causal)
     q2, k2, v2 = fold_low_rank(q, k, v, low, scale, policy.width_multiple)
     if path == "banded":
+        for t in rest:
+            if t.constant_beyond() is None:
+                raise refused(path, t, "it is not constant beyond a window (Term.constant_beyond)")
         o = _banded(q2, k2, v2, rest, keep, causal, scale, policy)
     else:
         o = _flash_bias(q2, k2, v2, rest, keep, causal, policy)
@@ -375,8 +373,10 @@ def _banded(q: Tensor, k: Tensor, v: Tensor, rest: list[Term], keep: Tensor | No
         cl, cr = table[None, :, n - 2 - w], table[None, :, n + w]
     r = torch.arange(-w, w + 1, device=q.device)
     for t in rest:
-        if not isinstance(t, QueryRelative):
+        if isinstance(t, Toeplitz):  # summed into the band bias above
             continue
+        if not isinstance(t, QueryRelative):
+            raise refused("banded", t)
         wt, W = t.window, _as_heads(t.weight)
         if t.key_side:  # t_ij = scale·k_j·W[clip(i − j)]; in the band i − j = −r
             kw = torch.einsum("bhjd,hrd->bhjr", t.vec, W[:, (-r).clamp(-wt, wt) + wt]) * t.scale
@@ -418,9 +418,11 @@ def _flash_bias(q: Tensor, k: Tensor, v: Tensor, rest: list[Term], keep: Tensor 
         elif isinstance(t, QueryRelative):
             extras.append((relative_chunk(n, t.window, t.scale, t.key_side), 2))
             inputs += [t.vec, t.weight]
-        else:
+        elif isinstance(t, Dense):
             extras.append((_dense_chunk, 1))
             inputs.append(t.dense(n))
+        else:
+            raise refused("flash_bias", t)
     geo = BiasGeometry(causal, keep, policy.flash_chunk, policy.grad_chunk, extras=tuple(extras), native=policy.native)
     return flash_bias_attention(q, k, v, geo, table, inputs)
 

@@ -14,6 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from .dispatch import refused
+from .fold import fold_low_rank
 from .terms import Dense, LowRank, QueryRelative, Term, Toeplitz
 
 BLOCK = 128   # FlexAttention's default block size (queries and keys)
@@ -46,8 +48,6 @@ def flex_attend(q: Tensor, k: Tensor, v: Tensor, low: list[LowRank], rest: list[
     masked; padded query rows are dropped."""
     from torch.nn.attention.flex_attention import create_block_mask
 
-    from .fast import fold_low_rank
-
     b, h, n, _ = q.shape
     d_v = v.shape[-1]
     q, k, v = fold_low_rank(q, k, v, low, scale, 16)
@@ -76,6 +76,8 @@ def flex_attend(q: Tensor, k: Tensor, v: Tensor, low: list[LowRank], rest: list[
         elif isinstance(t, Dense):
             bias = t.bias if t.bias.dim() == 4 else t.bias.unsqueeze(0)
             dense.append(pad(bias, 0, extra, 0, extra).expand(b, h, big, big))
+        else:  # low-rank terms arrive in ``low``, folded above
+            raise refused("flex", t)
 
     def score_mod(score: Tensor, bi: Tensor, hi: Tensor, qi: Tensor, ki: Tensor) -> Tensor:
         r = ki - qi

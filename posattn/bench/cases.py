@@ -11,12 +11,13 @@
 
 A training step is forward + backward of the mean square of the output (gradients set to
 None first); inference is a forward under ``torch.no_grad``. Cases are described by plain
-data (:class:`CaseSpec`) so a memory-measuring child process can rebuild them.
+data (:class:`~.spec.CaseSpec`, :mod:`.spec`) so a memory-measuring child process can rebuild
+them; :func:`make_case` builds any kind (model and peer cases in :mod:`.models`, :mod:`.peers`).
 """
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, replace
 from typing import Any, Callable
 
 import torch
@@ -24,80 +25,13 @@ import torch.nn.functional as F
 
 from ..attention import fast
 from ..attention.layer import mix
-from ..mechanisms import Context, Dims, Spec, build
+from ..mechanisms import Context, Dims, build
 from ..models import Decoder, Encoder, ModelConfig
+from .models import model_case
+from .peers import peer_case
+from .spec import BASELINE, Case, CaseSpec, Sizes, record_paths, spec_label
 
-BASELINE = "sdpa"
-
-
-@dataclass(frozen=True)
-class Sizes:
-    """The shared size of every case."""
-
-    heads: int = 4
-    head_dim: int = 64
-    batch: int = 1
-    causal: bool = False
-    vocab: int = 256
-    max_len: int = 4096
-    layers: int = 1  # blocks (layer cases: 1; model cases: 12)
-    d_ff: int | None = None  # None: 4·d_model
-    dropout: float = 0.0  # every dropout of the model (training steps)
-    device: str = "cpu"
-    dtype: str = "float32"  # "bfloat16" / "float16": model and inputs in that precision
-
-    @property
-    def d_model(self) -> int:
-        return self.heads * self.head_dim
-
-    @property
-    def ff(self) -> int:
-        return 4 * self.d_model if self.d_ff is None else self.d_ff
-
-    @property
-    def torch_dtype(self) -> torch.dtype:
-        return getattr(torch, self.dtype)
-
-
-@dataclass(frozen=True)
-class CaseSpec:
-    """Plain-data description of a case: kind, mechanism list (JSON) or peer name, length."""
-
-    kind: str  # "layer" | "op" | "peer" | "model"
-    name: str  # mechanism list as JSON, "sdpa", a peer name, or a model name (:mod:`.models`)
-    n: int
-    policy: str = ""  # JSON of fast-path Policy fields this case runs under, over the run's (``--ab``)
-
-    @property
-    def label(self) -> str:
-        if self.policy:
-            overrides = ",".join(f"{k}={v}" for k, v in json.loads(self.policy).items())
-            return f"{replace(self, policy='').label} [{overrides}]"
-        if self.kind == "model" and self.name.startswith("["):
-            kind, mechanisms = json.loads(self.name)
-            return f"{kind}({spec_label(mechanisms)})"
-        if self.kind in ("peer", "model") or self.name == BASELINE:
-            return self.name
-        return spec_label(json.loads(self.name))
-
-
-@dataclass
-class Case:
-    spec: CaseSpec
-    train: Callable[[], None]
-    infer: Callable[[], None]
-    path: str = ""  # the fast-path algorithm(s) the attention used: "train path / inference path"
-
-
-def spec_label(specs: list[Any]) -> str:
-    """``t5``, ``tisa(n_kernels=3)``, ``cat+tisa``."""
-    out = []
-    for s in specs:
-        p = Spec.parse(s)
-        opts = ",".join(f"{k}={v}" for k, v in p.options.items())
-        out.append(f"{p.name}({opts})" if opts else p.name)
-    return "+".join(out)
-
+__all__ = ["BASELINE", "Case", "CaseSpec", "Sizes", "make_case", "parse_mechanisms", "spec_label"]
 
 def parse_mechanisms(text: str) -> list[Any]:
     """``t5``, ``cat+tisa``, or JSON (``[{"name": "tisa", "n_kernels": 3}]``) -> spec list."""
@@ -110,29 +44,6 @@ def parse_mechanisms(text: str) -> list[Any]:
 
 def _loss(out: torch.Tensor) -> torch.Tensor:
     return out.float().pow(2).mean()
-
-
-def record_paths(train: Callable[[], None], infer: Callable[[], None]) -> str:
-    """Run a training step and an inference pass, returning the fast-path algorithms
-    :func:`fast.plan` chose for each ("train / infer" when they differ)."""
-    return " / ".join(dict.fromkeys(_plans(f) for f in (train, infer)))
-
-
-def _plans(fn: Callable[[], None]) -> str:
-    chosen: list[str] = []
-    real = fast.plan
-
-    def spy(*args: Any, **kwargs: Any) -> str:
-        path = real(*args, **kwargs)
-        chosen.append(path)
-        return path
-
-    fast.plan = spy  # type: ignore[assignment]
-    try:
-        fn()
-    finally:
-        fast.plan = real  # type: ignore[assignment]
-    return "+".join(sorted(set(chosen)))
 
 
 def layer_case(spec: CaseSpec, sizes: Sizes, record: bool = True) -> Case:
@@ -223,11 +134,7 @@ def make_case(spec: CaseSpec, sizes: Sizes, record: bool = True) -> Case | None:
     if spec.kind == "op":
         return op_case(spec, sizes, record)
     if spec.kind == "model":
-        from .models import model_case
-
         return model_case(spec, sizes, record)
-    from .peers import peer_case
-
     return peer_case(spec, sizes)
 
 

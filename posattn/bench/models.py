@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from ..models import Decoder, Encoder, ModelConfig
 from ..train.data import Batch
 from ..train.objective import MaskedLM
-from .cases import Case, CaseSpec, Sizes, record_paths
+from .spec import Case, CaseSpec, Sizes, record_paths
 
 MODEL_SIZES = Sizes(heads=4, head_dim=64, batch=32, vocab=30522, layers=12, d_ff=1024, dropout=0.1,
                     max_len=512)

@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 import torch
 
-from .cases import Case, CaseSpec, Sizes
+from .spec import Case, CaseSpec, Sizes
 
 # peer -> posattn mechanism list it is compared with
 MATCH: dict[str, list[Any]] = {
@@ -68,12 +68,13 @@ def _hf_bert(kind: str, sizes: Sizes, n: int) -> tuple[torch.nn.Module, Forward]
     return model, lambda ids: model(input_ids=ids).last_hidden_state
 
 
-def _xt(kind: str, sizes: Sizes, n: int) -> tuple[torch.nn.Module, Forward]:
+def _xt(position_option: str, sizes: Sizes, n: int) -> tuple[torch.nn.Module, Forward]:
+    """An x-transformers layer with its position option ``position_option`` switched on."""
     from x_transformers import Decoder, Encoder, TransformerWrapper
 
     layers = (Decoder if sizes.causal else Encoder)(
         dim=sizes.d_model, depth=1, heads=sizes.heads, attn_dim_head=sizes.head_dim,
-        **{"rel_pos_bias" if kind == "t5" else "alibi_pos_bias": True})
+        **{position_option: True})
     model = TransformerWrapper(num_tokens=sizes.vocab, max_seq_len=max(n, sizes.max_len),
                                attn_layers=layers, use_abs_pos_emb=False).eval()
     return model, lambda ids: model(ids, return_embeddings=True)
@@ -84,8 +85,8 @@ def peer_case(spec: CaseSpec, sizes: Sizes) -> Case:
     builders = {
         "hf_bert_relative_key_query": lambda: _hf_bert("relative_key_query", sizes, spec.n),
         "hf_bert_absolute": lambda: _hf_bert("absolute", sizes, spec.n),
-        "xt_t5": lambda: _xt("t5", sizes, spec.n),
-        "xt_alibi": lambda: _xt("alibi", sizes, spec.n),
+        "xt_t5": lambda: _xt("rel_pos_bias", sizes, spec.n),
+        "xt_alibi": lambda: _xt("alibi_pos_bias", sizes, spec.n),
     }
     model, forward = builders[spec.name]()
     model.to(sizes.device, sizes.torch_dtype)

@@ -6,24 +6,36 @@ import math
 from pathlib import Path
 from typing import Any, Iterable
 
-# Issue 4 targets: training-step ratio to plain SDPA at n = 4096 (batch 1, 4 heads, head dim 64)
-TRAIN_TARGETS: dict[str, float] = {
-    **dict.fromkeys(["none", "absolute", "sinusoidal", "rope", "alibi", "diet_abs", "tupe", "segment",
-                     "cat", "conv_qkv", "depthwise_conv"], 1.25),
-    **dict.fromkeys(["t5", "fixed_conv", "dynamic_conv", "composite", "key_dynamic_conv", "diet_rel",
-                     "tisa"], 1.6),
+from ..mechanisms import cost_classes
+
+# The targets as data, per cost class of the mechanism (``Mechanism.cost_class``; a mechanism
+# whose class has no entry has no target). Issue 4: training-step ratio to plain SDPA at
+# n = 4096 (batch 1, 4 heads, head dim 64).
+TRAIN_TARGET_BY_CLASS: dict[str, float] = {
+    **dict.fromkeys(["none", "input", "rotation", "fixed_bias", "narrow_low_rank", "wide_low_rank",
+                     "convolution"], 1.25),
+    **dict.fromkeys(["learned_table", "relative_embedding"], 1.6),
 }
+# Issue 11: layer (training step, inference) ratios to plain SDPA at pretraining shapes; score
+# terms that fold or tabulate cheaply against the heavier q/k/v-widening or convolving classes.
+GRID_TARGET_BY_CLASS: dict[str, tuple[float, float]] = {
+    **dict.fromkeys(["fixed_bias", "narrow_low_rank", "learned_table", "relative_embedding"], (1.10, 1.05)),
+    **dict.fromkeys(["wide_low_rank", "convolution"], (1.25, 1.15)),
+}
+
+
+def by_mechanism(by_class: dict[str, Any]) -> dict[str, Any]:
+    """Mechanism name -> its class's target, for every registered mechanism that has one."""
+    return {name: by_class[c] for name, c in cost_classes().items() if c in by_class}
+
+
+TRAIN_TARGETS: dict[str, float] = by_mechanism(TRAIN_TARGET_BY_CLASS)
 TARGET_N = 4096
 MEMORY_PAIR = (4096, 16384)
 MEMORY_RATIO = 5.0
 PEER_N = 2048
 PEER_SPEEDUP = {"hf_bert_relative_key_query": 5.0, "xt_t5": 2.0}
-# Issue 11 targets: layer training step / inference ratio to plain SDPA at pretraining shapes
-SCORE_TERMS = ["t5", "fixed_conv", "dynamic_conv", "key_dynamic_conv", "composite", "tisa", "diet_rel",
-               "alibi", "segment"]
-HEAVY = ["conv_qkv", "depthwise_conv", "cat", "diet_abs", "tupe"]
-GRID_TARGETS: dict[str, tuple[float, float]] = {**dict.fromkeys(SCORE_TERMS, (1.10, 1.05)),
-                                                **dict.fromkeys(HEAVY, (1.25, 1.15))}
+GRID_TARGETS: dict[str, tuple[float, float]] = by_mechanism(GRID_TARGET_BY_CLASS)
 GRID_N = (128, 512)
 GRID_BATCH = (16, 64)
 MODEL_SPEED = 1.0  # posattn model tokens/s ÷ its Hugging Face peer's

@@ -11,9 +11,13 @@ self-attention module, so they train, save and load with it). Where they act:
   ``add_mechanisms`` registers ``"posattn"`` there (with transformers' boolean padding mask)
   and switches the model to it. The function runs the mechanisms' q/k/v transforms, score terms
   and output transforms around posattn's attention (``path``: ``"fast"`` or ``"reference"``).
+  A mixer (a mechanism that replaces softmax(s)·V: Linformer, LinCAT, Landmark CAT) is applied
+  there in place of the softmax product, as in posattn's own layer. A mechanism that reads the
+  layer's input x (``reads_layer_input``: ConvBERT, conv_qkv) is refused by name: the attention
+  function receives q, k and v, never x.
 - MPNet: its self-attention takes no attention function but adds a ``position_bias`` to every
   score; a forward pre-hook adds the mechanisms' score terms to it. Only score-level
-  mechanisms (those with no q/k/v or output transform) can be added there.
+  mechanisms (no q/k/v or output transform, and no mixer) can be added there.
 
 Modes (TISA Eq 4): ``supplement`` keeps the model's position embeddings; ``replace`` removes
 them (TISA App. C): the mean position embedding is folded into the word embeddings, the position
@@ -40,9 +44,9 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 from ..analysis.hf import PADDING_OFFSET_TYPES, HFCheckpoint, resolve
 from ..analysis.profiles import hf_profiles
 from ..analysis.tisa_fit import TisaFit, fit_tisa
-from ..attention.layer import PATHS
+from ..attention.layer import PATHS, mix
 from ..errors import PositionError
-from ..mechanisms import Context, Dims, Mechanism, Spec, SpecLike, build
+from ..mechanisms import REGISTRY, Context, Dims, Mechanism, Spec, SpecLike, build, get
 from .modeling import shared_parameters
 
 Mode = Literal["supplement", "replace"]
@@ -82,8 +86,7 @@ def posattn_attention(module: nn.Module, query: Tensor, key: Tensor, value: Tens
     q, k, v = query, key, value
     for m in mechs:
         q, k, v = m.transform_qkv(q, k, v, ctx)
-    terms = [t for m in mechs for t in m.score_terms(q, k, ctx)]
-    o = PATHS[module.position_path](q, k, v, terms, ctx.keep, False, dropout, module.training)
+    o = mix(list(mechs), q, k, v, ctx, module.position_path, dropout, module.training)  # or the mixer
     for m in mechs:
         o = m.transform_output(o, v, ctx)
     return o.transpose(1, 2).contiguous(), None
@@ -115,20 +118,29 @@ def _self_attentions(model: PreTrainedModel) -> list[nn.Module]:
 
 
 def _is_plain(m: Mechanism) -> bool:
-    """Acts only through score terms (no q/k/v or output transform)."""
-    return all(getattr(type(m), hook) is getattr(Mechanism, hook) for hook in ("transform_qkv", "transform_output"))
+    """Acts only through score terms (no q/k/v or output transform, no mixer)."""
+    return not m.mixes and all(getattr(type(m), hook) is getattr(Mechanism, hook)
+                               for hook in ("transform_qkv", "transform_output"))
 
 
 def _specs(mechanisms: list[SpecLike], mode: Mode) -> list[Spec]:
-    """Parse; give tisa the retrofit's mode; refuse input-level mechanisms."""
-    out = []
-    for spec in map(Spec.parse, mechanisms):
-        if spec.name == "tisa":
-            if spec.options.get("mode", mode) != mode:
-                raise PositionError(f"tisa: mode {spec.options['mode']!r} disagrees with the retrofit mode {mode!r}")
-            spec = Spec("tisa", {**spec.options, "mode": mode})
-        out.append(spec)
-    return out
+    """Parse, with each mechanism's options for a model that keeps (``supplement``) or loses
+    (``replace``) its position embeddings (:meth:`Mechanism.retrofit_options`)."""
+    specs = [Spec.parse(s) for s in mechanisms]
+    return [Spec(s.name, get(s.name).retrofit_options(s.options, mode == "supplement")) for s in specs]
+
+
+def _check_structure(layer: list[Mechanism], kind: str) -> None:
+    """Refuse, by name, what this model's self-attention cannot run (see the module docstring)."""
+    if kind in HOOK_TYPES:
+        bad = [m.name for m in layer if not _is_plain(m)]
+        if bad:
+            raise PositionError(f"add_mechanisms: {', '.join(bad)} transform q/k/v or the output, or replace "
+                                f"softmax attention; {kind} takes score-level mechanisms only")
+    for m in layer:
+        if m.reads_layer_input:
+            raise PositionError(f"add_mechanisms: {m.name} reads the layer's input x, which transformers' "
+                                f"attention function does not receive; it cannot be added to a pretrained {kind}")
 
 
 def add_mechanisms(model: PreTrainedModel, mechanisms: list[SpecLike], mode: Mode = "supplement",
@@ -160,11 +172,7 @@ def add_mechanisms(model: PreTrainedModel, mechanisms: list[SpecLike], mode: Mod
     if built.input and mode == "replace":
         raise PositionError(f"add_mechanisms: {built.input[0].name} acts on the input embeddings; "
                             f"only attention-level mechanisms can be added to a pretrained model")
-    if kind in HOOK_TYPES:
-        bad = [m.name for m in built.layers[0] if not _is_plain(m)]
-        if bad:
-            raise PositionError(f"add_mechanisms: {', '.join(bad)} transform q/k/v or the output; "
-                                f"{kind} takes score-level mechanisms only")
+    _check_structure(built.layers[0], kind)
     _initialise(built.layers, specs, init if init is not None else ("zero" if mode == "supplement" else "default"))
     first = next(model.parameters())
     for attn, mechs in zip(attns, built.layers):
@@ -185,24 +193,23 @@ def add_mechanisms(model: PreTrainedModel, mechanisms: list[SpecLike], mode: Mod
 
 
 def _initialise(layers: list[list[Mechanism]], specs: list[Spec], init: str | TisaFit) -> None:
+    """``zero``: every mechanism that can start adding nothing does (TISA: a = 0); a fit: its
+    kernels into the mechanisms that take fitted kernels; ``default``: as built."""
     if init == "default":
         return
-    tisas = [next((m for m in mechs if m.name == "tisa"), None) for mechs in layers]
     if init not in ("zero",) and not isinstance(init, TisaFit):
         raise PositionError(f"add_mechanisms: init must be 'zero', 'default' or a TisaFit, got {init!r}")
-    if any(t is None for t in tisas):
-        raise PositionError("add_mechanisms: init 'zero' or a fit sets TISA kernels, but tisa is not "
-                            "among the mechanisms; use init='default'")
-    with torch.no_grad():
-        for layer, tisa in enumerate(tisas):
-            if init == "zero":
-                tisa.a.zero_()
-                continue
-            if init.a.shape[:-1] != (len(tisas), tisa.a.shape[0]) or init.a.shape[-1] != tisa.a.shape[1]:
-                raise PositionError(f"add_mechanisms: the fit has shape {init.a.shape} (layers, heads, kernels); "
-                                    f"the model needs {(len(tisas), *tisa.a.shape)}")
-            for name in ("a", "b", "c"):
-                getattr(tisa, name).copy_(torch.as_tensor(getattr(init, name)[layer]))
+    if isinstance(init, TisaFit) and init.a.shape[0] != len(layers):
+        raise PositionError(f"add_mechanisms: the fit has shape {init.a.shape} (layers, heads, kernels); "
+                            f"the model has {len(layers)} layers")
+    done = []
+    for layer, mechs in enumerate(layers):
+        fit = None if init == "zero" else {name: getattr(init, name)[layer] for name in ("a", "b", "c")}
+        done.append([m.name for m in mechs if (m.start_at_zero() if fit is None else m.set_kernels(fit))])
+    if not all(done):
+        takers = [name for name, cls in REGISTRY.items() if cls.start_at_zero is not Mechanism.start_at_zero]
+        raise PositionError(f"add_mechanisms: init 'zero' or a fit sets fitted kernels, but "
+                            f"{' or '.join(takers)} is not among the mechanisms; use init='default'")
 
 
 def remove_position_embeddings(model: PreTrainedModel, offset: int) -> None:

@@ -15,7 +15,7 @@ from ..errors import PositionError
 # Registration order is the order `posattn mechanisms` lists them in.
 from . import none, absolute, rope, alibi, t5, conv_bias, conv_layers, tisa, diet, segment, tupe  # noqa: F401, I001
 from . import convbert, lincat, landmark, linformer  # noqa: F401, I001  (mixers: they replace softmax(s)·V)
-from .base import Context, Dims, Mechanism, check_layer
+from .base import COST_CLASSES, Context, Dims, Mechanism, Structure, check_layer
 from .registry import REGISTRY, get, names
 
 SpecLike = Union[str, dict[str, Any], "Spec"]
@@ -102,6 +102,28 @@ def runs_in_decoder(spec: SpecLike, dims: Dims) -> bool:
     return True
 
 
+def cost_classes() -> dict[str, str]:
+    """Name -> cost class (a key of :data:`COST_CLASSES`) of every registered mechanism, at its
+    default options, in registration order."""
+    return {name: cls.cost_class for name, cls in REGISTRY.items()}
+
+
+def length_scalings() -> tuple[str, ...]:
+    """Every length-rescaling kind some registered mechanism accepts (:meth:`Mechanism.length_scaled`)."""
+    return tuple(dict.fromkeys(k for cls in REGISTRY.values() for k in cls.length_scalings))
+
+
+def with_length_scaling(specs: list[SpecLike], kind: str, factor: float, trained_len: int) -> list[Spec] | None:
+    """The specs with every mechanism that can rescale for inputs ``factor`` times longer than
+    ``trained_len`` rescaled by ``kind`` (e.g. rope with YaRN), the others as they are; None
+    when no mechanism in the list can."""
+    parsed = [Spec.parse(s) for s in specs]
+    scaled = [get(s.name).length_scaled(s.options, kind, factor, trained_len) for s in parsed]
+    if all(o is None for o in scaled):
+        return None
+    return [s if o is None else Spec(s.name, o) for s, o in zip(parsed, scaled)]
+
+
 def properties(spec: SpecLike, dims: Dims) -> dict[str, Any]:
     """What ``posattn mechanisms`` reports for one mechanism, computed from the built modules
     (an encoder-only mechanism is counted as built for an encoder)."""
@@ -123,4 +145,5 @@ def properties(spec: SpecLike, dims: Dims) -> dict[str, Any]:
     }
 
 
-__all__ = ["properties", "runs_in_decoder", "Built", "Context", "Dims", "Mechanism", "Spec", "build", "get", "names", "validate", "REGISTRY"]
+__all__ = ["properties", "runs_in_decoder", "Built", "COST_CLASSES", "Context", "Dims", "Mechanism", "Spec", "Structure",
+           "build", "cost_classes", "get", "length_scalings", "names", "validate", "with_length_scaling", "REGISTRY"]

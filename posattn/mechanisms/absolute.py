@@ -24,6 +24,7 @@ class Absolute(Mechanism):
     inductive = False
     translation_invariant = False
     claims = frozenset({"input positions"})
+    cost_class = "input"
 
     def __init__(self, dims: Dims, shared: dict[str, nn.Module], max_len: int | None = None) -> None:
         super().__init__(dims, shared)
@@ -36,6 +37,11 @@ class Absolute(Mechanism):
 
     def embed(self, x: Tensor, ctx: Context) -> Tensor:
         return x + self.embedding(ctx.positions)
+
+    def position_table(self, n: int) -> Tensor:
+        if n > self.max_len:
+            raise self.fail(f"asked for {n} positions, the absolute table has {self.max_len}")
+        return self.embedding.weight[:n].detach().to(torch.float64)
 
 
 def sinusoids(positions: Tensor, d: int, base: float = 10000.0) -> Tensor:
@@ -55,6 +61,7 @@ class Sinusoidal(Mechanism):
     acts_on = ("input",)
     translation_invariant = False
     claims = frozenset({"input positions"})
+    cost_class = "input"
 
     def __init__(self, dims: Dims, shared: dict[str, nn.Module], base: float = 10000.0) -> None:
         super().__init__(dims, shared)
@@ -62,3 +69,6 @@ class Sinusoidal(Mechanism):
 
     def embed(self, x: Tensor, ctx: Context) -> Tensor:
         return x + sinusoids(ctx.positions, x.shape[-1], self.base).to(x.dtype)
+
+    def position_table(self, n: int) -> Tensor:
+        return sinusoids(torch.arange(n), self.dims.d_model, self.base).to(torch.float64)

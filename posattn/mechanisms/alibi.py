@@ -34,6 +34,7 @@ class ALiBi(Mechanism):
     paper = "Press et al. 2022 (ALiBi)"
     equation = "s_ij += −m_h·|j−i|"
     acts_on = ("score",)
+    cost_class = "fixed_bias"
 
     def __init__(self, dims: Dims, shared: dict[str, nn.Module]) -> None:
         super().__init__(dims, shared)

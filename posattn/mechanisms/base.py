@@ -18,7 +18,12 @@ A mechanism is an ``nn.Module`` that overrides any of these hooks:
   (its :meth:`Mechanism.check`).
 
 Class attributes describe the mechanism for ``posattn mechanisms`` (TISA Tables 1-2, generated);
-every claimed property is checked by a test.
+every claimed property is checked by a test. What other packages need to know about a mechanism
+is asked of it here, never decided from its name: its cost class (:data:`COST_CLASSES`, the bench
+targets), the position structures it learned (:meth:`Mechanism.position_structures`, the
+analyses), its input position table (:meth:`Mechanism.position_table`), how it rescales for
+longer inputs (:meth:`Mechanism.length_scaled`) and how it starts inside a pretrained model
+(:meth:`Mechanism.retrofit_options`, :meth:`Mechanism.start_at_zero`, :meth:`Mechanism.set_kernels`).
 """
 from __future__ import annotations
 
@@ -29,13 +34,43 @@ from typing import TYPE_CHECKING, Any, Callable, ClassVar, Literal
 import torch
 from torch import Tensor, nn
 
-from ..attention.terms import batch_free
+from ..attention.terms import Toeplitz, batch_free
 from ..errors import PositionError
 
 if TYPE_CHECKING:
     from ..attention.terms import Term
 
 Placement = Literal["input", "layer"]
+
+# How a mechanism's cost arises, for the bench targets (``posattn.bench.report``): what the
+# attention layer has to compute for it on top of plain softmax attention.
+COST_CLASSES: dict[str, str] = {
+    "none": "nothing: plain attention",
+    "input": "an addition to the input embeddings, once per model",
+    "rotation": "a per-row rotation of q and k",
+    "fixed_bias": "a position-only score table with nothing to learn (cached; a low-rank causal form)",
+    "narrow_low_rank": "a low-rank score term of a few columns (folded into q/k)",
+    "wide_low_rank": "a low-rank score term as wide as a head (doubles the q/k width, or a dense bias)",
+    "learned_table": "a learned score table over offsets (a bias kernel with its own gradient)",
+    "relative_embedding": "a content-dependent score term q_i·W[j − i] or k_j·W[i − j]",
+    "convolution": "convolutions of q, k, v or the output along the sequence",
+    "mixer": "a replacement of softmax(s)·V itself",
+}
+StructureKind = Literal["offsets", "depthwise", "matrix", "segment", "filter"]
+
+
+@dataclass(frozen=True)
+class Structure:
+    """A learned position structure to plot (Chang Fig 2-3, TISA Fig 3, DIET Fig 4/7).
+
+    ``kind``: ``offsets`` ([h, 2n−1] score added at each offset r = j − i), ``depthwise``
+    ([d_model, k] value-convolution kernels), ``matrix`` ([h, n, n] position-to-position
+    scores), ``segment`` ([h, S, S] segment-pair scores) or ``filter`` ([k] or [d, k] sequence
+    filter). ``label`` names it (the mechanism's name, or ``name:part``); ``data`` is float64."""
+
+    label: str
+    kind: StructureKind
+    data: Tensor
 
 
 @dataclass(frozen=True)
@@ -97,6 +132,10 @@ class Mechanism(nn.Module):
     share_layers_default: ClassVar[bool] = False
     mixes: ClassVar[bool] = False  # replaces softmax(s)·V with :meth:`mix`
     takes_score_terms: ClassVar[bool] = True  # a mixer: other mechanisms' score terms still apply
+    cost_class: ClassVar[str] = "none"  # a key of COST_CLASSES
+    positional: ClassVar[bool] = True  # False: what it adds is not position (segment ids)
+    reads_layer_input: ClassVar[bool] = False  # its hooks read ctx.x, the layer's input
+    length_scalings: ClassVar[tuple[str, ...]] = ()  # the kinds :meth:`length_scaled` accepts
 
     def __init__(self, dims: Dims, shared: dict[str, nn.Module]) -> None:
         super().__init__()
@@ -128,11 +167,49 @@ class Mechanism(nn.Module):
     def fail(self, reason: str) -> PositionError:
         return PositionError(f"{self.name}: {reason}")
 
+    @classmethod
+    def length_scaled(cls, options: dict[str, Any], kind: str, factor: float, trained_len: int) -> dict[str, Any] | None:
+        """The options that run this mechanism, trained on ``trained_len`` positions, on inputs
+        ``factor`` times longer with the rescaling ``kind`` (one of :attr:`length_scalings`), or
+        None where it has no such rescaling (then it runs as it is)."""
+        return None
+
+    @classmethod
+    def retrofit_options(cls, options: dict[str, Any], keeps_input_positions: bool) -> dict[str, Any]:
+        """The options for a pretrained model whose own input position embeddings are kept
+        (``True``) or removed; refuses options that disagree (:mod:`posattn.hf.retrofit`)."""
+        return options
+
+    def start_at_zero(self) -> bool:
+        """Make this mechanism add exactly nothing while staying trainable, so that a retrofitted
+        pretrained model starts as the function it was; False where it has no such start."""
+        return False
+
+    def set_kernels(self, kernels: dict[str, Any]) -> bool:
+        """Set fitted kernel parameters (name -> array for this layer, e.g. TISA's a, b, c from
+        :func:`posattn.analysis.tisa_fit.fit_tisa`); False where it has no fitted kernels."""
+        return False
+
     def own_heads(self) -> dict[str, int]:
         """{"q" | "k" | "v": c}: :meth:`transform_qkv` supplies the last c heads of these itself,
         so the layer does not compute those rows of its linear projection (and may hand this
         mechanism h − c heads instead of h)."""
         return {}
+
+    # -- what the analyses read -----------------------------------------------------------------
+    def position_table(self, n: int) -> Tensor | None:
+        """E_P [n, d_model] that this input mechanism adds at positions 0 … n−1, or None."""
+        return None
+
+    def position_structures(self, n: int, ctx: Context) -> list[Structure]:
+        """The learned position structures at length n (``ctx``: positions 0 … n−1, no padding).
+        By default the offset tables of its Toeplitz score terms (T5, TISA, DIET-REL, ALiBi,
+        the fixed convolutions), computed with zero queries and keys; a mechanism whose
+        structure is something else returns it itself."""
+        h, dh = self.dims.n_heads, self.dims.head_dim
+        q = torch.zeros(1, h, n, dh)
+        return [Structure(self.name, "offsets", t.table.expand(h, -1).detach().double().contiguous())
+                for t in self.score_terms(q, q, ctx) if isinstance(t, Toeplitz)]
 
     # -- hooks ---------------------------------------------------------------------------------
     def embed(self, x: Tensor, ctx: Context) -> Tensor:

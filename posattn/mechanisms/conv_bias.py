@@ -32,6 +32,7 @@ class FixedConv(Mechanism):
     paper = "Chang et al. 2021, Eq 4 (= Raffel et al. 2020 without buckets)"
     equation = "s_ij += β_h[clip(j−i, −k, k)]"
     acts_on = ("score",)
+    cost_class = "learned_table"
 
     def __init__(self, dims: Dims, shared: dict[str, nn.Module], kernel_size: int = 17) -> None:
         super().__init__(dims, shared)
@@ -48,6 +49,7 @@ class RelativeEmbeddingConv(Mechanism):
 
     key_side = False
     acts_on = ("score",)
+    cost_class = "relative_embedding"
 
     def __init__(self, dims: Dims, shared: dict[str, nn.Module], kernel_size: int = 17) -> None:
         super().__init__(dims, shared)
@@ -78,6 +80,7 @@ class Composite(Mechanism):
     paper = "Chang et al. 2021, Eq 6"
     equation = "s_ij += q_i·W_C[clip(j−i)]/√d_h + β_h[clip(j−i)]"
     acts_on = ("score",)
+    cost_class = "relative_embedding"
 
     def __init__(self, dims: Dims, shared: dict[str, nn.Module], kernel_size: int = 17) -> None:
         super().__init__(dims, shared)

@@ -28,7 +28,7 @@ import torch
 from torch import Tensor, nn
 
 from ..errors import PositionError
-from .base import Context, Dims, Mechanism
+from .base import Context, Dims, Mechanism, Structure
 from .conv import channels_to_heads, depthwise_conv1d, heads_to_channels
 from .registry import register
 
@@ -55,6 +55,7 @@ class DepthwiseConv(Mechanism):
     paper = "Chang et al. 2021, Eq 7"
     equation = "o_i,c += Σ_r β_{r,c} v_{i+r,c}"
     acts_on = ("output",)
+    cost_class = "convolution"
 
     def __init__(self, dims: Dims, shared: dict[str, nn.Module], kernel_size: int = 17) -> None:
         super().__init__(dims, shared)
@@ -66,11 +67,17 @@ class DepthwiseConv(Mechanism):
         conv = depthwise_conv1d(heads_to_channels(v), self.weight, ctx.causal, ctx.keep)
         return o + channels_to_heads(conv, self.dims.n_heads)
 
+    def position_structures(self, n: int, ctx: Context) -> list[Structure]:
+        """The value-convolution kernels β [d_model, k] (Chang Fig 3)."""
+        return [Structure(self.name, "depthwise", self.weight.detach().double())]
+
 
 @register("conv_qkv")
 class ConvQKV(Mechanism):
     paper = "Chang et al. 2021, §5 and Table 3"
     equation = "q,k,v (a fraction of heads) ← pointwise(depthwise_conv(x))"
+    cost_class = "convolution"
+    reads_layer_input = True
 
     def __init__(self, dims: Dims, shared: dict[str, nn.Module], fraction: float = 0.5,
                  targets: str = "qkv", kernel_size: int = 9) -> None:
@@ -110,6 +117,7 @@ class CAT(Mechanism):
     equation = "Q = F_q∗(XW_q), K = F_k∗(XW_k), V = F_v∗(XW_v)"
     incremental = "prefix"  # causal filters read earlier rows: decoding re-filters the cached projections
     claims = frozenset({"CAT convolutions"})
+    cost_class = "convolution"
 
     def __init__(self, dims: Dims, shared: dict[str, nn.Module], kernel_size: int = 3,
                  depthwise: bool = True, targets: str = "qkv", qk_norm: bool = False) -> None:
@@ -135,3 +143,7 @@ class CAT(Mechanism):
             out["q"] = nn.functional.normalize(out["q"], dim=-1) * self.log_temperature.exp()
             out["k"] = nn.functional.normalize(out["k"], dim=-1)
         return out["q"], out["k"], out["v"]
+
+    def position_structures(self, n: int, ctx: Context) -> list[Structure]:
+        """The filters F_q, F_k, F_v ([k] shared or [d_model, k] per channel), one per target."""
+        return [Structure(f"{self.name}:{t}", "filter", f.detach().double()) for t, f in self.filters.items()]

@@ -38,6 +38,8 @@ class ConvBERT(Mechanism):
     equation = "[softmax(q k̃ᵀ)v ; Σ_m softmax_m(W_κ(q ⊙ sepconv(x)))·u_{i+m}]"
     acts_on = ("mixer",)
     mixes = True
+    cost_class = "mixer"
+    reads_layer_input = True
     takes_score_terms = False
 
     def __init__(self, dims: Dims, shared: dict[str, nn.Module], head_ratio: int = 2,

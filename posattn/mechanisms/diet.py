@@ -18,7 +18,7 @@ from torch import Tensor, nn
 
 from ..attention.terms import LowRank, Term, Toeplitz
 from ..errors import PositionError
-from .base import Context, Dims, Mechanism, max_len_check, offsets
+from .base import Context, Dims, Mechanism, Structure, max_len_check, offsets
 from .registry import register
 
 Sharing = Literal["none", "head", "layer"]
@@ -29,6 +29,7 @@ class DietAbs(Mechanism):
     paper = "Chen et al. 2021 (DIET), Eq 1 and Theorem 1"
     equation = "s_ij += (P_Q P_Kᵀ)_ij"
     acts_on = ("score",)
+    cost_class = "wide_low_rank"
     inductive = False
     translation_invariant = False
 
@@ -54,12 +55,18 @@ class DietAbs(Mechanism):
         return [LowRank(u=self.p_q[:, pos].transpose(0, 1).to(q.dtype),
                         v=self.p_k[:, pos].transpose(0, 1).to(q.dtype))]
 
+    def position_structures(self, n: int, ctx: Context) -> list[Structure]:
+        """P_Q P_Kᵀ [heads, n, n] (DIET Fig 4/7)."""
+        pq, pk = self.p_q[:, :n].detach().double(), self.p_k[:, :n].detach().double()
+        return [Structure(self.name, "matrix", pq @ pk.transpose(-1, -2))]
+
 
 @register("diet_rel")
 class DietRel(Mechanism):
     paper = "Chen et al. 2021 (DIET), Eq 3"
     equation = "s_ij += R_h[clip(j−i)]"
     acts_on = ("score",)
+    cost_class = "learned_table"
 
     def __init__(self, dims: Dims, shared: dict[str, nn.Module], max_distance: int | None = None) -> None:
         super().__init__(dims, shared)

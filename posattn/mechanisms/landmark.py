@@ -84,6 +84,7 @@ class LandmarkCAT(CAT):
     equation = "CAT q,k,v; ℓ_c = block conv of k; attend over top-k blocks by q·ℓ and the own block"
     translation_invariant = False
     mixes = True
+    cost_class = "mixer"
     takes_score_terms = False
 
     def __init__(self, dims: Dims, shared: dict[str, nn.Module], kernel_size: int = 3,

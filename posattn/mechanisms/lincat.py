@@ -71,6 +71,7 @@ class LinCAT(CAT):
     paper = "Li et al. 2024 (CAT), LinCAT; Katharopoulos et al. 2020, Eq 4-6"
     equation = "CAT q,k,v; o_i = Σ_j φ(q_i)·φ(k_j) v_j / Σ_j φ(q_i)·φ(k_j), φ = elu + 1"
     mixes = True
+    cost_class = "mixer"
     takes_score_terms = False
 
     def __init__(self, dims: Dims, shared: dict[str, nn.Module], kernel_size: int = 3,

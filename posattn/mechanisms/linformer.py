@@ -41,6 +41,7 @@ class Linformer(Mechanism):
     inductive = False
     translation_invariant = False
     mixes = True
+    cost_class = "mixer"
     takes_score_terms = False
 
     def __init__(self, dims: Dims, shared: dict[str, nn.Module], k: int = 32, sharing: Sharing = "none") -> None:

@@ -58,6 +58,8 @@ class RoPE(Mechanism):
     paper = "Su et al. 2021 (RoFormer); Chen et al. 2023 (PI); Peng et al. 2023 (YaRN); CAT §LM"
     equation = "q_i ← R(iθ)q_i, k_j ← R(jθ)k_j"
     acts_on = ("q", "k")
+    cost_class = "rotation"
+    length_scalings = ("linear", "yarn")
     incremental = "rows"  # each row rotated by its own position: cached keys stay valid
 
     def __init__(self, dims: Dims, shared: dict[str, nn.Module], base: float = 10000.0,
@@ -73,6 +75,14 @@ class RoPE(Mechanism):
         theta, self.mscale = rope_frequencies(dims.head_dim, base, scaling, factor,
                                               original_max_len or dims.max_len, beta_fast, beta_slow)
         self.register_buffer("theta", theta, persistent=False)
+
+    @classmethod
+    def length_scaled(cls, options: dict, kind: str, factor: float, trained_len: int) -> dict:
+        """Position interpolation (``linear``) or YaRN (``yarn``) by ``factor`` from the trained
+        context ``trained_len`` (the module docstring's equations)."""
+        if kind not in cls.length_scalings:
+            raise PositionError(f"rope: unknown length scaling {kind!r}; valid: {', '.join(cls.length_scalings)}")
+        return {**options, "scaling": kind, "factor": factor, "original_max_len": trained_len}
 
     def transform_qkv(self, q: Tensor, k: Tensor, v: Tensor, ctx: Context) -> tuple[Tensor, Tensor, Tensor]:
         cos, sin = ctx.cached(("rope", id(self)), lambda: tables(ctx.positions, self.theta, self.mscale))

@@ -14,7 +14,7 @@ from torch import Tensor, nn
 
 from ..attention.terms import LowRank, Term
 from ..errors import PositionError
-from .base import Context, Dims, Mechanism
+from .base import Context, Dims, Mechanism, Structure
 from .registry import register
 
 
@@ -23,6 +23,8 @@ class Segment(Mechanism):
     paper = "Chen et al. 2021 (DIET), Eq 1-2; Devlin et al. 2019 (input segment embeddings)"
     equation = "s_ij += S_h[S(i), S(j)]  (or x_i += E_seg[S(i)])"
     acts_on = ("score",)
+    cost_class = "narrow_low_rank"
+    positional = False  # segment ids, not positions
 
     def __init__(self, dims: Dims, shared: dict[str, nn.Module],
                  mode: Literal["attention", "input"] = "attention") -> None:
@@ -35,6 +37,7 @@ class Segment(Mechanism):
         if mode == "input":
             self.placement = "input"
             self.acts_on = ("input",)
+            self.cost_class = "input"
             self.embedding = nn.Embedding(dims.n_segments, dims.d_model)
             nn.init.normal_(self.embedding.weight, std=0.02)
         else:
@@ -59,3 +62,9 @@ class Segment(Mechanism):
             return []
         onehot = F.one_hot(ctx.segments, self.dims.n_segments).to(q.dtype)[:, None]  # [b,1,n,S]
         return [LowRank(u=onehot @ self.table.to(q.dtype), v=onehot)]
+
+    def position_structures(self, n: int, ctx: Context) -> list[Structure]:
+        """The segment-pair table S_h [h, S, S] (DIET Eq 2); none at the input."""
+        if self.mode != "attention":
+            return []
+        return [Structure(self.name, "segment", self.table.detach().double())]

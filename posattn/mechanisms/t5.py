@@ -42,6 +42,7 @@ class T5Bias(Mechanism):
     paper = "Raffel et al. 2020 (T5), §2.1; DIET Table 2"
     equation = "s_ij += B_h[bucket(j−i)]"
     acts_on = ("score",)
+    cost_class = "learned_table"
     share_layers_default = True
 
     def __init__(self, dims: Dims, shared: dict[str, nn.Module], num_buckets: int = 32,

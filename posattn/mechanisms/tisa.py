@@ -46,6 +46,7 @@ class TISA(Mechanism):
     paper = "Wennberg & Henter 2021 (TISA), Eq 4-5"
     equation = "s_ij += Σ_s a_s exp(−|b_s|(j−i−c_s)²)"
     acts_on = ("score",)
+    cost_class = "learned_table"
 
     def __init__(self, dims: Dims, shared: dict[str, nn.Module], n_kernels: int = 5,
                  mode: Literal["replace", "supplement"] = "replace") -> None:
@@ -70,6 +71,33 @@ class TISA(Mechanism):
         if mode == "supplement" and not inputs:
             raise PositionError("tisa: mode='supplement' adds to input position embeddings; "
                                 "add 'absolute' or 'sinusoidal', or use mode='replace'")
+
+    @classmethod
+    def retrofit_options(cls, options: dict, keeps_input_positions: bool) -> dict:
+        """Eq 4's case a (``supplement``) where the pretrained model keeps its position embeddings,
+        case b (``replace``) where they are removed."""
+        mode = "supplement" if keeps_input_positions else "replace"
+        if options.get("mode", mode) != mode:
+            raise PositionError(f"tisa: mode {options['mode']!r} disagrees with the retrofit mode {mode!r}")
+        return {**options, "mode": mode}
+
+    def start_at_zero(self) -> bool:
+        """a = 0: f_θ ≡ 0 while b, c and a itself still train."""
+        with torch.no_grad():
+            self.a.zero_()
+        return True
+
+    def set_kernels(self, kernels: dict) -> bool:
+        """a, b, c [h, S] of this layer from a fit (TISA App. C initialisation)."""
+        values = {name: torch.as_tensor(kernels[name]) for name in ("a", "b", "c")}
+        for name, value in values.items():
+            if value.shape != self.a.shape:
+                raise self.fail(f"the fitted {name} has shape {tuple(value.shape)} (heads, kernels); "
+                                f"this layer needs {tuple(self.a.shape)}")
+        with torch.no_grad():
+            for name, value in values.items():
+                getattr(self, name).copy_(value)
+        return True
 
     def table(self, n: int) -> Tensor:
         """[h, 2n−1]: f_θ at every offset −(n−1) … n−1."""

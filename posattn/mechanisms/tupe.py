@@ -29,6 +29,7 @@ class TUPE(Mechanism):
     paper = "Ke et al. 2021 (TUPE); Chen et al. 2021 (DIET) Table 2"
     equation = "s_ij = q_i·k_j/√(2d_h) + (p_iU_Q)(p_jU_K)ᵀ/√(2d_h)"
     acts_on = ("q", "score")
+    cost_class = "wide_low_rank"
     inductive = False
     translation_invariant = False
 

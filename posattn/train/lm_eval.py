@@ -21,7 +21,7 @@ from safetensors.torch import load_model
 from tqdm.auto import tqdm
 
 from ..errors import PositionError
-from ..mechanisms import Spec
+from ..mechanisms import length_scalings, with_length_scaling
 from ..models.io import WEIGHTS, read_config
 from ..models.transformer import Transformer, build_model
 from ..runtime.device import resolve_device
@@ -32,7 +32,7 @@ from .data import Batches
 from .plots import plot_lengths
 from .pretrain import RUN_CONFIG, evaluate
 
-SCALINGS = ("linear", "yarn")
+SCALINGS = length_scalings()  # what the registered mechanisms offer: rope's PI and YaRN
 SCORE_BUDGET = 2 ** 24  # batch · length² per evaluation batch
 
 
@@ -70,15 +70,14 @@ def subject(path: str | Path, corpus: str | Path | None = None, label: str | Non
     return Subject(name, folder, config, opened)
 
 
-def with_rope_scaling(config: dict[str, Any], scaling: str, factor: float) -> dict[str, Any] | None:
-    """The config with every ``rope`` mechanism rescaled, or None if the model has no rope."""
-    specs = [Spec.parse(m) for m in config["mechanisms"]]
-    if not any(s.name == "rope" for s in specs):
+def length_scaled_config(config: dict[str, Any], scaling: str, factor: float) -> dict[str, Any] | None:
+    """The config with every mechanism that rescales for longer inputs (rope) rescaled by
+    ``scaling`` and ``factor`` from the trained length ``max_len``, or None if none can
+    (:func:`posattn.mechanisms.with_length_scaling`)."""
+    specs = with_length_scaling(config["mechanisms"], scaling, factor, config["max_len"])
+    if specs is None:
         return None
-    train_length = config["max_len"]
-    mechanisms = [{"name": "rope", **s.options, "scaling": scaling, "factor": factor, "original_max_len": train_length}
-                  if s.name == "rope" else s.to_json() for s in specs]
-    return {**config, "mechanisms": mechanisms}
+    return {**config, "mechanisms": [s.to_json() for s in specs]}
 
 
 def _model(config: dict[str, Any], folder: Path, device: torch.device) -> Transformer:
@@ -116,7 +115,7 @@ def length_sweep(subjects: list[Subject], multipliers: list[float] | None = None
         train_length = s.config["max_len"]
         todo = lengths or [int(round(m * train_length)) for m in (multipliers or [1, 2, 4, 8])]
         jobs.append((s, s.label, None, todo))
-        if rope_scaling and with_rope_scaling(s.config, rope_scaling, 2.0) is not None:
+        if rope_scaling and length_scaled_config(s.config, rope_scaling, 2.0) is not None:
             jobs.append((s, f"{s.label} + {rope_scaling}", rope_scaling, todo))
     rows = []
     bar = tqdm(total=sum(len(j[3]) for j in jobs), desc="eval-lm", disable=not progress, dynamic_ncols=True)
@@ -128,7 +127,7 @@ def length_sweep(subjects: list[Subject], multipliers: list[float] | None = None
             config = s.config
             if scaling:
                 f = factor if factor is not None else max(1.0, n / s.config["max_len"])
-                config = with_rope_scaling(s.config, scaling, f)
+                config = length_scaled_config(s.config, scaling, f)
                 row.setdefault("factor", {})[str(n)] = f
             try:
                 result = score(_model(config, s.folder, dev), s.corpus, n, tokens, dev)

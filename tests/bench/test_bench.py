@@ -11,7 +11,7 @@ import torch
 
 from posattn.bench.cases import CaseSpec, Sizes, make_case, parse_mechanisms, spec_label
 from posattn.bench.measure import measure_memory, memory_supported
-from posattn.bench.report import targets
+from posattn.bench.report import GRID_TARGETS, TRAIN_TARGETS, targets
 from posattn.cli import main
 
 TINY = ["--quick", "--threads", "1", "--repeats", "1", "--warmup", "0"]
@@ -203,3 +203,15 @@ def test_ab_times_every_mechanism_again_under_other_policy_fields(tmp_path: Path
     assert spec.label == "t5 [native=False]"
     assert main(["bench", *TINY, "--ab", "nope=1"]) == 2
     assert "bench --ab: bad item(s) nope=1" in capsys.readouterr().err
+
+
+def test_targets_come_from_the_cost_classes_and_keep_the_issues_lists() -> None:
+    """The targets derive from each mechanism's cost class; they equal the issues' lists (4, 11)."""
+    cheap = ["none", "absolute", "sinusoidal", "rope", "alibi", "diet_abs", "tupe", "segment", "cat", "conv_qkv",
+             "depthwise_conv"]
+    tables = ["t5", "fixed_conv", "dynamic_conv", "composite", "key_dynamic_conv", "diet_rel", "tisa"]
+    assert TRAIN_TARGETS == {**dict.fromkeys(cheap, 1.25), **dict.fromkeys(tables, 1.6)}
+    score_terms = ["t5", "fixed_conv", "dynamic_conv", "key_dynamic_conv", "composite", "tisa", "diet_rel", "alibi",
+                   "segment"]
+    heavy = ["conv_qkv", "depthwise_conv", "cat", "diet_abs", "tupe"]
+    assert GRID_TARGETS == {**dict.fromkeys(score_terms, (1.10, 1.05)), **dict.fromkeys(heavy, (1.25, 1.15))}

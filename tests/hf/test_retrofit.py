@@ -154,3 +154,21 @@ def test_save_and_load_retrofitted(family, tmp_path):
     tiny(family).save_pretrained(tmp_path / "plain")
     with pytest.raises(PositionError, match="no posattn_retrofit"):
         load_retrofitted(tmp_path / "plain", type(model))
+
+
+def test_a_mixer_is_applied_in_place_of_softmax_attention():
+    """A mixer replaces softmax(s)·V in the retrofitted attention: LinCAT's linear attention
+    changes the function, and its reference and fast paths agree."""
+    before = logits(tiny("bert"))
+    mixed = {path: logits(add_mechanisms(tiny("bert"), ["lincat"], init="default", path=path))
+             for path in ("reference", "fast")}
+    torch.testing.assert_close(mixed["fast"], mixed["reference"], atol=1e-5, rtol=1e-5)
+    assert mixed["fast"].isfinite().all() and not torch.allclose(mixed["fast"], before, atol=1e-3)
+
+
+def test_a_mixer_the_structure_cannot_run_is_refused_by_name():
+    with pytest.raises(PositionError, match="lincat transform q/k/v or the output, or replace softmax"):
+        add_mechanisms(tiny("mpnet"), ["lincat"], init="default")
+    for name in ("convbert", "conv_qkv"):
+        with pytest.raises(PositionError, match=f"{name} reads the layer's input x"):
+            add_mechanisms(tiny("bert"), [name], init="default")

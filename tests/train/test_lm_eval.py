@@ -12,7 +12,7 @@ from posattn.errors import PositionError
 from posattn.text.corpus import build_corpus
 from posattn.train import lm_eval
 from posattn.train.config import parse
-from posattn.train.lm_eval import length_sweep, subject, with_rope_scaling, write_report
+from posattn.train.lm_eval import length_sweep, subject, length_scaled_config, write_report
 from posattn.train.pretrain import pretrain
 
 from .conftest import make_documents, tiny
@@ -43,16 +43,18 @@ def test_perplexity_at_every_length_and_reasons(runs):
     s = subject(runs / "rope")
     ids = torch.randint(0, s.config["vocab_size"], (1, 64), generator=torch.Generator().manual_seed(0))
     plain = lm_eval._model(s.config, s.folder, torch.device("cpu")).hidden(ids)
-    yarn = lm_eval._model(with_rope_scaling(s.config, "yarn", 2.0), s.folder, torch.device("cpu")).hidden(ids)
+    yarn = lm_eval._model(length_scaled_config(s.config, "yarn", 2.0), s.folder, torch.device("cpu")).hidden(ids)
     assert (plain - yarn).abs().max() > 1e-4
 
 
 def test_rope_scaling_rewrites_only_rope():
     config = {"max_len": 128, "mechanisms": ["cat", {"name": "rope", "base": 500.0}]}
-    scaled = with_rope_scaling(config, "linear", 4.0)
+    scaled = length_scaled_config(config, "linear", 4.0)
     assert scaled["mechanisms"] == ["cat", {"name": "rope", "base": 500.0, "scaling": "linear", "factor": 4.0,
                                             "original_max_len": 128}]
-    assert with_rope_scaling({"max_len": 8, "mechanisms": ["t5"]}, "yarn", 2.0) is None
+    assert length_scaled_config({"max_len": 8, "mechanisms": ["t5"]}, "yarn", 2.0) is None
+    with pytest.raises(PositionError, match="rope: unknown length scaling 'ntk'"):
+        length_scaled_config(config, "ntk", 2.0)
 
 
 def test_command_writes_report_and_plots(runs, tmp_path, capsys):

@@ -1,0 +1,42 @@
+"""Which score-term structures each fast-path algorithm computes, and the one error for the rest.
+
+Every path of :mod:`.fast` picks its code by term type (:mod:`.terms`) with no fallback: a term
+whose type a path does not list here is refused by name before the path runs, and each path's
+own code branches over exactly these types. :func:`posattn.attention.fast.plan` only chooses a
+path that takes the terms it is given; the refusal guards a path run directly
+(:func:`posattn.attention.fast.run`) and any new term type.
+"""
+from __future__ import annotations
+
+from typing import Literal
+
+from ..errors import PositionError
+from .terms import Dense, LowRank, QueryRelative, Term, Toeplitz
+
+Path = Literal["sdpa", "dense", "banded", "flash_bias", "fused", "flex"]
+
+HANDLES: dict[str, tuple[type[Term], ...]] = {
+    "sdpa": (LowRank,),  # folded into q/k; nothing else reaches SDPA's own kernel
+    "dense": (Toeplitz, LowRank, QueryRelative, Dense),  # one bias (Term.bias), low-rank folded
+    "banded": (Toeplitz, LowRank, QueryRelative),  # terms constant beyond a window; low-rank folded
+    "flash_bias": (Toeplitz, LowRank, QueryRelative, Dense),  # table, band chunks, dense chunks
+    "fused": (Toeplitz, LowRank, QueryRelative),  # the C++ kernels' inputs (Term.kernel_input)
+    "flex": (Toeplitz, LowRank, QueryRelative, Dense),  # inside score_mod; low-rank folded
+}
+
+
+def refused(path: str, term: Term, why: str = "") -> PositionError:
+    """The error for a term that ``path`` does not compute (``why``: a reason beyond its type)."""
+    takes = ", ".join(t.__name__ for t in HANDLES[path])
+    reason = why or f"it computes {takes} terms only"
+    return PositionError(f"the {path} attention path cannot compute a {type(term).__name__} score term: {reason}")
+
+
+def check_terms(path: str, terms: list[Term]) -> None:
+    """Refuse, by term type and path, any term ``path`` has no code for (exact types: a subclass
+    may change what the term means)."""
+    if path not in HANDLES:
+        raise PositionError(f"unknown attention path {path!r}; valid: {', '.join(HANDLES)}")
+    for t in terms:
+        if type(t) not in HANDLES[path]:
+            raise refused(path, t)

@@ -1,0 +1,86 @@
+"""Every score-term type of :mod:`posattn.attention.terms` is computed or refused by name on every
+fast path: computed ones equal the reference path, refused ones raise one PositionError that
+names the term type and the path (never a silently dropped term)."""
+from __future__ import annotations
+
+import inspect
+import math
+from typing import get_args
+
+import pytest
+import torch
+
+from posattn.attention import fast, native, reference, terms
+from posattn.attention.dispatch import HANDLES, Path
+from posattn.errors import PositionError
+
+B, H, N, D, W = 2, 2, 24, 8, 3
+TERM_TYPES = [c for _, c in inspect.getmembers(terms, inspect.isclass)
+              if issubclass(c, terms.Term) and c is not terms.Term and c.__module__ == terms.__name__]
+
+
+def example(kind: type[terms.Term], seed: int = 0) -> tuple[torch.Tensor, ...] | tuple:
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(B, H, N, D, generator=g) for _ in range(3))
+    table = torch.randn(H, 2 * W + 1, generator=g)
+    r = torch.arange(-(N - 1), N).clamp(-W, W) + W
+    made = {
+        terms.Toeplitz: lambda: terms.Toeplitz(table[:, r], window=W),
+        terms.LowRank: lambda: terms.LowRank(torch.randn(1, H, N, 3, generator=g), torch.randn(1, H, N, 3, generator=g)),
+        terms.QueryRelative: lambda: terms.QueryRelative(q, torch.randn(2 * W + 1, D, generator=g), W, 0.5),
+        terms.Dense: lambda: terms.Dense(torch.randn(B, H, N, N, generator=g)),
+    }
+    return q, k, v, made[kind]()
+
+
+def test_every_term_type_is_listed_and_every_path_declared() -> None:
+    assert set(TERM_TYPES) == {terms.Toeplitz, terms.LowRank, terms.QueryRelative, terms.Dense}
+    assert set(HANDLES) == set(get_args(Path))
+
+
+@pytest.mark.parametrize("path", get_args(Path))
+@pytest.mark.parametrize("kind", TERM_TYPES, ids=lambda c: c.__name__)
+def test_each_term_type_is_computed_or_refused_by_name(path: str, kind: type[terms.Term]) -> None:
+    q, k, v, term = example(kind)
+    if kind not in HANDLES[path]:
+        with pytest.raises(PositionError, match=f"the {path} attention path cannot compute a {kind.__name__}"):
+            fast.run(path, q, k, v, [term], None, False)
+        return
+    if path == "flex":
+        pytest.skip("FlexAttention's numbers: tests/attention/test_flex.py (every term type)")
+    if path == "fused" and native.kernels() is None:
+        pytest.skip("the fused C++ kernels do not build here")
+    with torch.no_grad():
+        got = fast.run(path, q, k, v, [term], None, False)
+        want = reference.attend(q, k, v, [term], None, False)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+def test_a_term_type_no_path_knows_is_refused_on_every_path() -> None:
+    class Shifted(terms.Toeplitz):
+        """A subclass may mean something else: no path computes it as a Toeplitz term."""
+
+    q, k, v, base = example(terms.Toeplitz)
+    term = Shifted(base.table, window=W)
+    for path in get_args(Path):
+        with pytest.raises(PositionError, match=f"the {path} attention path cannot compute a Shifted"):
+            fast.run(path, q, k, v, [term], None, False)
+
+
+def test_terms_a_path_cannot_take_beyond_their_type_are_refused_by_name() -> None:
+    q, k, v, clipped = example(terms.Toeplitz)
+    full = terms.Toeplitz(clipped.table)  # no window: nothing for the banded path to exploit
+    with pytest.raises(PositionError, match="banded attention path cannot compute a Toeplitz.*window"):
+        fast.run("banded", q, k, v, [full], None, False)
+    batched = terms.Toeplitz(clipped.table.expand(B, -1, -1), window=W)  # the kernels take [h, 2n − 1]
+    with pytest.raises(PositionError, match="fused attention path cannot compute a Toeplitz"):
+        fast.run("fused", q, k, v, [batched], None, False)
+
+
+def test_attend_runs_the_planned_path_with_scale() -> None:
+    q, k, v, term = example(terms.QueryRelative)
+    with torch.no_grad():
+        got = fast.attend(q, k, v, [term], None, True)
+        want = reference.attend(q, k, v, [term], None, True)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    assert math.isclose(float(got.abs().sum()), float(want.abs().sum()), rel_tol=1e-5)
