@@ -52,9 +52,9 @@ def run(args: argparse.Namespace) -> None:
     if args.dump_config:
         print(yaml.safe_dump(raw, sort_keys=False), end="")
         return
-    executor = executor_from(args, args.threads)
     suite = validate_config(raw)
     out = args.out or f"runs/finetune-{suite.name}"
+    executor = executor_from(args, args.threads, raw.get("executor"), out)
     results = run_suite(suite, out, executor, device=args.device, progress=not args.no_progress,
                         report_only=args.report)
     print((Path(out) / "report.md").read_text())

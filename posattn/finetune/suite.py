@@ -29,7 +29,7 @@ from .tasks import GLUE_SUITE, OFFLINE_SUITE, TASKS
 DEFAULT_CONFIG = "offline"
 TRAINING_KEYS = tuple(f.name for f in fields(FinetuneConfig) if f.name != "seed")
 TOP_KEYS = ("name", "checkpoints", "tasks", "seeds", "glue_dir", "max_train", "max_eval", "max_seq_len",
-            "training", "task_training", "intermediate", "cell_store", "claims")
+            "training", "task_training", "intermediate", "cell_store", "claims", "executor")
 
 SCHEMA = """\
 Config schema (YAML; every key has a default):
@@ -53,6 +53,7 @@ Config schema (YAML; every key has a default):
                             finished cells, keyed by checkpoint content, task, seed and settings
   claims: [{{claim, paper, holds: ["A > B" | "A !> B", ...]}}]   papers' rankings of rows, judged on the
                             suite scores in report.md (posattn.claims)
+  executor: {{...}}           where the cells run (see Executors below)
 Per-task defaults (Chang et al. 2021, Table 5): lr 3e-4 (QNLI 1e-4), batch 32 (MNLI, QQP 128),
 epochs 3 (RTE, STS-B 10; MNLI, QQP 4), warmup 10% + linear decay, dropout 0.1, weight decay 0,
 Adam eps 1e-6; the best validation evaluation is kept (patience: stop after that many evaluations

@@ -242,7 +242,8 @@ def write(out: Path, cells: list[dict[str, Any]], tasks: list[str], name: str, f
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m posattn.hf.table3", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m posattn.hf.table3", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="minilm")
     p.add_argument("--tasks", nargs="+", default=list(OFFLINE_SUITE), choices=list(TASKS), metavar="TASK")
     p.add_argument("--seeds", type=int, default=5)
@@ -251,9 +252,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--lr", type=float, default=1e-4)
     p.add_argument("--epochs", type=float, default=2)
     p.add_argument("--out", type=Path, default=Path("runs/hf/table3"))
-    add_executor_options(p)
+    add_executor_options(p, block=False)
     a = p.parse_args(argv)
-    run(a.model, a.tasks, a.seeds, a.max_train, a.max_eval, a.lr, a.epochs, a.out, executor=executor_from(a))
+    run(a.model, a.tasks, a.seeds, a.max_train, a.max_eval, a.lr, a.epochs, a.out, executor=executor_from(a, out=a.out))
     print((a.out / "report.md").read_text())
 
 

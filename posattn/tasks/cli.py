@@ -52,8 +52,8 @@ def run(args: argparse.Namespace) -> None:
         print(yaml.safe_dump(raw, sort_keys=False), end="")
         return
     sweep = validate_config(raw)
-    executor = executor_from(args, args.threads)
     out = args.out or f"runs/compare-{sweep.name}"
+    executor = executor_from(args, args.threads, raw.get("executor"), out)
     results = run_sweep(sweep, out, executor, device=args.device, progress=not args.no_progress,
                         report_only=args.report)
     print((Path(out) / "report.md").read_text())

@@ -38,7 +38,7 @@ MODEL_DEFAULTS: dict[str, Any] = {"n_heads": 2, "d_ff": 0, "max_len": None, "dro
 MODEL_ENTRY_KEYS = ("mechanisms", "layers", "label", *MODEL_DEFAULTS)
 EXAMPLE_DEFAULTS = {"train": 20000, "valid": 500, "test": 500}
 TOP_KEYS = ("name", "task", "task_params", "vocab_size", "train_length", "test_lengths", "test_multipliers",
-            "examples", "data_seed", "seeds", "d_model", "models", "training", "claims", *MODEL_DEFAULTS)
+            "examples", "data_seed", "seeds", "d_model", "models", "training", "claims", "executor", *MODEL_DEFAULTS)
 TRAINING_KEYS = tuple(f.name for f in fields(TrainConfig) if f.name != "seed")
 EVAL_SCORE_BUDGET = 2 ** 25   # batch · length² kept under this at evaluation (attention matrices)
 
@@ -75,6 +75,7 @@ Config schema (YAML; every key but `models` has a default):
     - {{claim: str, paper: str, holds: ["cat (1L) > rope (2L)", "absolute (2L) >= 0.99", ...],
        at: {{d_model: int, train_length: int, length: int | train | longest}}}}   at: optional;
                              a key left out means every value (length: the training length)
+  executor: {{...}}            where the cells run (see Executors below; command-line options win)
 Tasks (vocabulary V; token 0 is filler or noise):
   mqar, mqnar      D key-value pairs (keys from [1, V/2), values from [V/2, V); mqnar keys are
                    N-grams), then every key queried once at power-law gaps (Zoology's layout)

@@ -88,7 +88,7 @@ def pretrain_command(args: argparse.Namespace) -> None:
                              else runs[0][1].to_dict(), sort_keys=False), end="")
         return
     out = Path(args.out or f"runs/pretrain-{name}")
-    executor = executor_from(args)   # workers share this process's threads (--threads)
+    executor = executor_from(args, out=out)   # local workers share this process's threads (--threads)
     try:
         results = run_recipe(name, runs, out, device=args.device, progress=not args.no_progress,
                              executor=executor, only=args.runs)
@@ -159,7 +159,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--runs", nargs="+", metavar="LABEL",
                    help="train only these runs of a recipe (their labels); the recipe's report.md covers "
                         "every finished run, so a recipe can be trained in parts")
-    add_executor_options(p)
+    add_executor_options(p, block=False)
     p.add_argument("--threads", type=int, default=1, help=THREADS_HELP)
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--dump-config", action="store_true", help="print the resolved config as YAML and exit")

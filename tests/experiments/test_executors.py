@@ -1,7 +1,9 @@
 """posattn.experiments.executors: one interface for where every sweep command's cells run."""
+import argparse
 import json
 import os
 import pickle
+import shutil
 import signal
 import subprocess
 import sys
@@ -218,3 +220,109 @@ def test_a_time_limited_sweep_stops_cleanly_and_the_next_run_resumes(tmp_path, m
     printed = capsys.readouterr().out
     assert len(trained) == 2 and "Partial" not in printed and "time limit" not in printed
     assert len(json.loads((out / "results.json").read_text())["cells"]) == 2
+
+
+# Slurm through submitit: without a cluster, submitit runs the array tasks as local processes.
+needs_no_slurm = pytest.mark.skipif(shutil.which("sbatch") is not None,
+                                    reason="sbatch exists: --executor slurm would submit to a real cluster")
+
+
+@pytest.fixture
+def importable_here(monkeypatch):
+    """submitit's local array tasks are fresh interpreters: give them this process's import path."""
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in sys.path if p))
+    monkeypatch.setattr(executors.SlurmExecutor, "POLL_SECONDS", 0.2)
+
+
+SAME = ("id", "label", "accuracy", "valid_accuracy", "steps", "history", "scores", "valid_score", "best_step")
+
+
+def same_cells(a: list[dict], b: list[dict]) -> None:
+    """The same cells in the same order with the same results (timings aside)."""
+    assert [c["id"] for c in a] == [c["id"] for c in b]
+    for x, y in zip(a, b):
+        assert {k: x[k] for k in SAME if k in x} == {k: y[k] for k in SAME if k in y}
+
+
+@needs_no_slurm
+def test_a_compare_sweep_on_slurm_gives_the_cells_of_the_local_pool(tmp_path, importable_here, capsys):
+    from posattn import cli
+
+    config = tmp_path / "tiny.yaml"
+    config.write_text(yaml.safe_dump(TINY_SWEEP))
+    command = ["compare", str(config), "--no-progress"]
+    assert cli.main([*command, "--out", str(tmp_path / "local")]) == 0
+    assert cli.main([*command, "--out", str(tmp_path / "slurm"), "--executor", "slurm", "--array-parallelism", "2",
+                     "--slurm-time", "5"]) == 0
+    local, slurm = (json.loads((tmp_path / name / "results.json").read_text()) for name in ("local", "slurm"))
+    same_cells(local["cells"], slurm["cells"])
+    assert (tmp_path / "local" / "report.md").read_text() == (tmp_path / "slurm" / "report.md").read_text()
+    assert list((tmp_path / "slurm" / "slurm").glob("*_0_log.out"))   # the array tasks' logs, under <out>/slurm
+    capsys.readouterr()
+    # a duplicated (or requeued) array finds every cell finished and skips it
+    assert cli.main([*command, "--out", str(tmp_path / "slurm"), "--executor", "slurm"]) == 0
+    assert json.loads((tmp_path / "slurm" / "results.json").read_text())["cells"] == slurm["cells"]
+
+
+@needs_no_slurm
+def test_a_finetune_suite_on_slurm_gives_the_cells_of_the_local_pool(tmp_path, importable_here):
+    """Two waves (MNLI first: its model starts RTE's cell), each an array, as on one machine."""
+    # tests/ is on sys.path (pytest's rootdir layout)
+    from finetune.glue_files import write_glue
+    from finetune.helpers import make_checkpoint
+
+    from posattn import cli
+
+    write_glue(tmp_path / "glue", n=24)
+    checkpoint = make_checkpoint(tmp_path / "pretrain", ["absolute"])
+    config = tmp_path / "suite.yaml"
+    config.write_text(yaml.safe_dump({"checkpoints": [str(checkpoint)], "tasks": ["mnli", "rte"], "seeds": 1,
+                                      "glue_dir": str(tmp_path / "glue"), "training": {"epochs": 1},
+                                      "executor": {"executor": "slurm", "array_parallelism": 2}}))
+    command = ["finetune", "--config", str(config), "--no-progress"]
+    assert cli.main([*command, "--out", str(tmp_path / "local"), "--executor", "local", "--workers", "1"]) == 0
+    assert cli.main([*command, "--out", str(tmp_path / "slurm")]) == 0   # the config's executor block
+    local, slurm = (json.loads((tmp_path / name / "results.json").read_text()) for name in ("local", "slurm"))
+    assert len(slurm["cells"]) == 2 and slurm["cells"][1]["init_from"] == slurm["cells"][0]["id"]
+    same_cells(local["cells"], slurm["cells"])
+
+
+def fail_on_two(job: int, in_worker: bool) -> int:
+    if job == 2:
+        raise RuntimeError("the compiler gave up")
+    return job
+
+
+@needs_no_slurm
+def test_a_failed_cell_on_slurm_names_the_cell(tmp_path, importable_here):
+    slurm = executors.SlurmExecutor(tmp_path / "logs", array_parallelism=2, time_minutes=5)
+    with pytest.raises(CellError, match=r"cell b failed in array task (.|\n)*the compiler gave up"):
+        list(slurm.map(fail_on_two, [1, 2, 3], ["cell a", "cell b", "cell c"]))
+
+
+def test_options_and_the_config_block_choose_the_executor(tmp_path, monkeypatch):
+    parser = argparse.ArgumentParser(formatter_class=argparse.RawDescriptionHelpFormatter)
+    executors.add_executor_options(parser, workers=2)
+    assert "--executor slurm --slurm-partition gpu --gpus-per-task 1" in parser.format_help()
+
+    def chosen(*argv, block=None):
+        return executors.executor_from(parser.parse_args(argv), 1, block, tmp_path)
+
+    assert chosen().workers == 2 and chosen(block={"workers": 3}).workers == 3
+    assert chosen("--workers", "1", block={"workers": 3}).workers == 1      # the command line wins
+    assert chosen("--executor", "local", block={"executor": "slurm", "slurm_partition": "gpu"}).workers == 2
+    slurm = chosen("--slurm-partition", "gpu", "--gpus-per-task", "1", block={"executor": "slurm", "slurm_time": 30})
+    assert isinstance(slurm, executors.SlurmExecutor)
+    assert (slurm.partition, slurm.gpus_per_task, slurm.time_minutes, slurm.folder) == ("gpu", 1, 30, tmp_path / "slurm")
+    with pytest.raises(PositionError, match="--slurm-partition apply only with --executor slurm"):
+        chosen("--slurm-partition", "gpu")
+    with pytest.raises(PositionError, match="--workers applies to --executor local"):
+        chosen("--executor", "slurm", "--workers", "2")
+    assert executors.block_problems({"executor": "pbs", "gpus": 1, "slurm_time": "1h"}) == [
+        ("executor: unknown key(s) gpus; valid keys: executor, workers, time_limit, slurm_partition, gpus_per_task, "
+         "slurm_time, array_parallelism, slurm_folder"),
+        "executor: slurm_time must be an integer, got '1h'",
+        "executor: executor must be one of local, slurm, got 'pbs'"]
+    monkeypatch.setitem(sys.modules, "submitit", None)   # not installed
+    with pytest.raises(PositionError, match=r"needs submitit, which is not installed: pip install 'posattn\[slurm\]'"):
+        chosen("--executor", "slurm")
