@@ -225,11 +225,13 @@ def model_todo(s: Settings) -> list[list[str]]:
     """The model runs whose records are not all in the store yet."""
     from ..experiments.store import hardware
     from .cases import CaseSpec
+    from .models import DEFAULT_MECHANISMS
     from .store import MODEL_RECIPE, missing, setup
 
     sizes, hw = model_sizes(s), hardware(s.device)
     n = sizes.max_len
-    mechs = [m for m in (s.mechanisms or MODEL_MECHANISMS) if m not in ("absolute", "rope")]
+    references = {m for ms in DEFAULT_MECHANISMS.values() for m in ms}  # measured in the reference runs
+    mechs = [m for m in (s.mechanisms or MODEL_MECHANISMS) if m not in references]
     return [group for group, subjects in model_groups(mechs)
             if missing(MODEL_RECIPE, [setup("model", CaseSpec("model", name, n).label, n, sizes.batch, sizes,
                                             "eager", hw) for name in subjects], s.results)]
