@@ -300,6 +300,21 @@ def test_a_failed_cell_on_slurm_names_the_cell(tmp_path, importable_here):
         list(slurm.map(fail_on_two, [1, 2, 3], ["cell a", "cell b", "cell c"]))
 
 
+def test_a_requeued_array_task_runs_its_whole_shard_again():
+    """submitit requeues a task that hits its time limit when its callable has ``checkpoint``: the
+    same shard runs again, and the sweep's resume skips the cells it finished."""
+    shard = executors._Shard(describe, [1, 2], ["a", "b"], 1, None)
+    again = shard.checkpoint()
+    assert again.function is shard and again.args == () and [r[0] for r in again.function()] == [1, 4]
+
+
+def test_a_bad_executor_block_is_one_of_the_config_problems():
+    from posattn.tasks.compare import ConfigError, validate_config
+
+    with pytest.raises(ConfigError, match=r"(?s)unknown key\(s\) colour.*executor: unknown key\(s\) gpus"):
+        validate_config({**TINY_SWEEP, "colour": "red", "executor": {"gpus": 1}})
+
+
 def test_options_and_the_config_block_choose_the_executor(tmp_path, monkeypatch):
     parser = argparse.ArgumentParser(formatter_class=argparse.RawDescriptionHelpFormatter)
     executors.add_executor_options(parser, workers=2)
