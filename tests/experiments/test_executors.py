@@ -341,3 +341,25 @@ def test_options_and_the_config_block_choose_the_executor(tmp_path, monkeypatch)
     monkeypatch.setitem(sys.modules, "submitit", None)   # not installed
     with pytest.raises(PositionError, match=r"needs submitit, which is not installed: pip install 'posattn\[slurm\]'"):
         chosen("--executor", "slurm")
+
+
+def test_a_time_limited_pretraining_recipe_stops_between_runs(tmp_path, capsys):
+    """A recipe's runs are its cells: past the limit no run starts, the summary says it is partial."""
+    # tests/ is on sys.path (pytest's rootdir layout)
+    from train.conftest import make_documents, tiny
+
+    from posattn import cli
+    from posattn.text.corpus import build_corpus
+
+    corpus = build_corpus(make_documents(), tmp_path / "corpus", vocab_size=64)
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(yaml.safe_dump({**tiny(corpus), "name": "r",
+                                      "runs": [{"label": "abs"}, {"label": "rope", "mechanisms": ["rope"]}]}))
+    command = ["pretrain", str(recipe), "--out", str(tmp_path / "out"), "--no-progress"]
+    assert cli.main([*command, "--runs", "abs"]) == 0
+    capsys.readouterr()
+    assert cli.main([*command, "--time-limit", "0"]) == 0
+    printed = capsys.readouterr().out
+    assert "**Partial: 1 of 2 runs finished.**" in printed and "| abs | absolute |" in printed
+    assert "time limit: 1 of 2 runs finished, 1 remain; rerun the same command to resume" in printed
+    assert not (tmp_path / "out" / "rope").exists()
