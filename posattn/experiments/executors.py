@@ -196,8 +196,6 @@ def _terminate(pool: ProcessPoolExecutor) -> None:
         process.terminate()
 
 
-
-
 class _Shard:
     """One array task's work: its jobs one after another, each as a worker runs it (the deadline
     checked before each, a failure raised as a CellError naming the job). Having ``checkpoint``
@@ -254,7 +252,7 @@ class SlurmExecutor(Executor):
 
     def _executor(self) -> Any:
         executor = self.submitit.AutoExecutor(folder=self.folder, cluster=self.cluster)
-        if executor.cluster != "slurm":
+        if self.cluster is None and executor.cluster != "slurm":
             print(f"posattn: no Slurm on this machine (sbatch not found): submitit runs the array tasks as "
                   f"{executor.cluster} processes here", file=sys.stderr)
         executor.update_parameters(name="posattn", timeout_min=self.time_minutes, nodes=1, tasks_per_node=1,

@@ -18,7 +18,7 @@ from tqdm.auto import tqdm
 
 from ..claims import parse_claims
 from ..errors import PositionError
-from ..experiments.executors import Executor, LocalExecutor, NotStarted
+from ..experiments.executors import Executor, LocalExecutor, NotStarted, block_problems
 from ..runtime.files import write_json_atomic
 from ..tasks import compare
 from .report import write_plots, write_report
@@ -224,6 +224,7 @@ def validate_config(raw: dict[str, Any]) -> Suite:
     if store is not None and not (isinstance(store, str) and store):
         errors.append(f"cell_store must be a folder path or null, got {store!r}")
     claims = parse_claims(raw.get("claims"), errors)
+    errors.extend(block_problems(raw.get("executor")))
     checkpoints = _checkpoints(raw, errors)
     lengths = [_max_seq_len(raw, c, errors) for c in checkpoints]
     if errors:

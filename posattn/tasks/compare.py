@@ -24,7 +24,7 @@ from tqdm.auto import tqdm
 
 from posattn.claims import parse_claims
 from posattn.errors import PositionError
-from posattn.experiments.executors import Executor, LocalExecutor, NotStarted
+from posattn.experiments.executors import Executor, LocalExecutor, NotStarted, block_problems
 from posattn.mechanisms import registry
 from posattn.models import build_model, load, save
 from posattn.runtime.files import write_json_atomic
@@ -338,6 +338,7 @@ def validate_config(raw: dict[str, Any]) -> Sweep:
             except TaskError as e:
                 errors.append(f"task {task} at length {length} (training length {n}): {e}")
     errors.extend(_check_models(specs, widths, vocab))
+    errors.extend(block_problems(raw.get("executor")))
     claims = parse_claims(raw.get("claims"), errors, optional=("at",))
     for i, c in enumerate(claims):
         errors.extend(f"claims[{i}].at: {e}" for e in _check_at(c.at, train_lengths, widths))

@@ -300,6 +300,21 @@ def test_a_failed_cell_on_slurm_names_the_cell(tmp_path, importable_here):
         list(slurm.map(fail_on_two, [1, 2, 3], ["cell a", "cell b", "cell c"]))
 
 
+def test_a_requeued_array_task_runs_its_whole_shard_again():
+    """submitit requeues a task that hits its time limit when its callable has ``checkpoint``: the
+    same shard runs again, and the sweep's resume skips the cells it finished."""
+    shard = executors._Shard(describe, [1, 2], ["a", "b"], 1, None)
+    again = shard.checkpoint()
+    assert again.function is shard and again.args == () and [r[0] for r in again.function()] == [1, 4]
+
+
+def test_a_bad_executor_block_is_one_of_the_config_problems():
+    from posattn.tasks.compare import ConfigError, validate_config
+
+    with pytest.raises(ConfigError, match=r"(?s)unknown key\(s\) colour.*executor: unknown key\(s\) gpus"):
+        validate_config({**TINY_SWEEP, "colour": "red", "executor": {"gpus": 1}})
+
+
 def test_options_and_the_config_block_choose_the_executor(tmp_path, monkeypatch):
     parser = argparse.ArgumentParser(formatter_class=argparse.RawDescriptionHelpFormatter)
     executors.add_executor_options(parser, workers=2)
@@ -326,3 +341,25 @@ def test_options_and_the_config_block_choose_the_executor(tmp_path, monkeypatch)
     monkeypatch.setitem(sys.modules, "submitit", None)   # not installed
     with pytest.raises(PositionError, match=r"needs submitit, which is not installed: pip install 'posattn\[slurm\]'"):
         chosen("--executor", "slurm")
+
+
+def test_a_time_limited_pretraining_recipe_stops_between_runs(tmp_path, capsys):
+    """A recipe's runs are its cells: past the limit no run starts, the summary says it is partial."""
+    # tests/ is on sys.path (pytest's rootdir layout)
+    from train.conftest import make_documents, tiny
+
+    from posattn import cli
+    from posattn.text.corpus import build_corpus
+
+    corpus = build_corpus(make_documents(), tmp_path / "corpus", vocab_size=64)
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(yaml.safe_dump({**tiny(corpus), "name": "r",
+                                      "runs": [{"label": "abs"}, {"label": "rope", "mechanisms": ["rope"]}]}))
+    command = ["pretrain", str(recipe), "--out", str(tmp_path / "out"), "--no-progress"]
+    assert cli.main([*command, "--runs", "abs"]) == 0
+    capsys.readouterr()
+    assert cli.main([*command, "--time-limit", "0"]) == 0
+    printed = capsys.readouterr().out
+    assert "**Partial: 1 of 2 runs finished.**" in printed and "| abs | absolute |" in printed
+    assert "time limit: 1 of 2 runs finished, 1 remain; rerun the same command to resume" in printed
+    assert not (tmp_path / "out" / "rope").exists()
