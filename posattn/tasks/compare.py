@@ -29,6 +29,7 @@ from posattn.mechanisms import registry
 from posattn.models import build_model, load, save
 from posattn.parallel import run_jobs
 from posattn.runtime.files import write_json_atomic
+from posattn.runtime.lock import run_lock
 from posattn.tasks.generators import TASK_PARAMS, TASKS, TaskError, drop_overlap, generate
 from posattn.tasks.report import write_plots, write_report
 from posattn.tasks.train import CHECKPOINT, TrainConfig, evaluate, resolve_device, train
@@ -406,7 +407,14 @@ def _missing_lengths(result: dict | None, lengths: list[int]) -> list[int]:
 
 
 def run_cell(cell: Cell, test_lengths: list[int], out: Path, device: str = "auto", progress: bool = True) -> dict:
-    """Train (or resume) one cell, evaluate the test lengths it lacks, and return its result record."""
+    """Train (or resume) one cell, evaluate the test lengths it lacks, and return its result record.
+    The cell's folder is locked meanwhile (:func:`~posattn.runtime.lock.run_lock`)."""
+    with run_lock(_cell_folder(cell, out)):
+        return _run_cell(cell, test_lengths, out, device, progress)
+
+
+def _run_cell(cell: Cell, test_lengths: list[int], out: Path, device: str, progress: bool) -> dict:
+    """:func:`run_cell` with the cell's folder locked."""
     folder = _cell_folder(cell, out)
     result_path, model_dir = folder / "result.json", folder / "model"
     folder.mkdir(parents=True, exist_ok=True)

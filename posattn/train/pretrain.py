@@ -44,6 +44,7 @@ from ..runtime.checkpoint import (
 )
 from ..runtime.device import autocast, resolve_device
 from ..runtime.files import write_json_atomic, write_text_atomic
+from ..runtime.lock import run_lock
 from ..runtime.optim import adamw
 from ..runtime.rng import rng_state, set_rng_state
 from ..text.corpus import Corpus, build_corpus, open_corpus
@@ -185,9 +186,18 @@ def pretrain(cfg: PretrainConfig, out: str | Path, *, device: str = "auto", prog
              on_step: Callable[[int], None] | None = None) -> dict[str, Any]:
     """Train (or resume, or just report a finished run) into ``out``; returns the result dict.
 
-    ``on_step(step)`` is called after every optimizer step (tests use it to interrupt a run)."""
+    ``on_step(step)`` is called after every optimizer step (tests use it to interrupt a run). The
+    main process holds ``out``'s lock (:func:`~posattn.runtime.lock.run_lock`) meanwhile: a second
+    run on the same folder gets a PositionError naming this process."""
     out = Path(out)
     world, dev = init_world(device)
+    with run_lock(out) if world.main else contextlib.nullcontext():
+        return _pretrain(cfg, out, world, dev, progress, on_step)
+
+
+def _pretrain(cfg: PretrainConfig, out: Path, world: World, dev: torch.device, progress: bool,
+              on_step: Callable[[int], None] | None) -> dict[str, Any]:
+    """:func:`pretrain` in its process group, with the run folder locked."""
     if (out / RESULT).exists():
         written, current = json.loads((out / RUN_CONFIG).read_text()), cfg.to_dict()
         check_config({k: written.get(k) for k in current}, current, out / RUN_CONFIG, ignore=SPEED_ONLY)
