@@ -130,6 +130,38 @@ def test_a_second_process_on_a_run_folder_is_refused_and_the_first_finishes(corp
     assert json.loads((out / "result.json").read_text())["valid_loss"] == straight["valid_loss"]
 
 
+def test_a_truncated_model_folder_is_rewritten_from_the_checkpoint(corpus, tmp_path):
+    """Killed after its final checkpoint, before result.json, with model.safetensors cut short: the
+    rerun rewrites model/ from the checkpoint before it writes result.json, and so does a rerun of
+    a finished run whose model/ was damaged or removed; without the checkpoint it refuses clearly."""
+    import shutil
+
+    cfg = parse(tiny(corpus))
+    whole = pretrain(cfg, tmp_path / "whole", progress=False)
+    out = tmp_path / "r"
+    with pytest.raises(Interrupt):
+        pretrain(cfg, out, progress=False, on_step=stop_at(cfg.steps))
+    weights = out / "model" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])
+    assert pretrain(cfg, out, progress=False)["valid_loss"] == whole["valid_loss"]
+    a, b = read_weights(tmp_path / "whole"), read_weights(out)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert load(out / "model") is not None
+
+    weights.write_bytes(weights.read_bytes()[:100])          # finished run, damaged afterwards
+    pretrain(cfg, out, progress=False)
+    shutil.rmtree(out / "model")                               # ... or removed
+    pretrain(cfg, out, progress=False)
+    b = read_weights(out)
+    assert all(torch.equal(a[k], b[k]) for k in a) and (out / "model" / "tokenizer.json").exists()
+    assert not [p.name for p in out.iterdir() if p.name.startswith(".model")]   # no temporary folder left
+
+    (out / CHECKPOINT).unlink()
+    shutil.rmtree(out / "model")
+    with pytest.raises(PositionError, match="model is missing or damaged and .*checkpoint.pt does not hold"):
+        pretrain(cfg, out, progress=False)
+
+
 def test_changed_config_or_corpus_is_refused(corpus, tmp_path):
     with pytest.raises(Interrupt):
         pretrain(parse(tiny(corpus)), tmp_path / "r", progress=False, on_step=stop_at(2))
