@@ -28,7 +28,7 @@ from posattn.errors import PositionError
 from posattn.mechanisms import registry
 from posattn.models import build_model, load, save
 from posattn.parallel import run_jobs
-from posattn.runtime.files import write_json_atomic
+from posattn.runtime.files import name_problem, write_json_atomic
 from posattn.runtime.lock import run_lock
 from posattn.tasks.generators import TASK_PARAMS, TASKS, TaskError, drop_overlap, generate
 from posattn.tasks.report import write_plots, write_report
@@ -299,6 +299,8 @@ def validate_config(raw: dict[str, Any]) -> Sweep:
     unknown = sorted(set(raw) - set(TOP_KEYS))
     if unknown:
         errors.append(f"unknown key(s) {', '.join(unknown)}; valid keys: {', '.join(TOP_KEYS)}")
+    if unsafe := name_problem(raw.get("name", DEFAULT_CONFIG), "name"):   # names the output folder
+        errors.append(unsafe)
     task = raw.get("task", "mqar")
     if task not in TASKS:
         errors.append(f"task {task!r} is not one of: {', '.join(TASKS)}")
