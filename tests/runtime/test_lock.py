@@ -14,10 +14,9 @@ from .holder import Holder
 def test_a_second_process_gets_an_error_naming_the_folder_and_the_holder(tmp_path):
     folder = tmp_path / "run"
     with Holder(folder) as pid:
-        with pytest.raises(PositionError, match=rf"{re.escape(str(folder))} is in use by another run "
-                                                rf"\(process {pid}\)"):
-            with run_lock(folder):
-                pass
+        refused = rf"{re.escape(str(folder))} is in use by another run \(process {pid}\)"
+        with pytest.raises(PositionError, match=refused), run_lock(folder):
+            pass
     with run_lock(folder):                       # the holder has exited: the lock is free again
         assert (folder / ".lock").read_text() != f"{pid}\n"
 
