@@ -192,12 +192,21 @@ def finetune(model: Encoder, task: Task, train: Encoded, valid: Encoded, cfg: Fi
     """Fine-tune ``model`` on ``train``, keep the weights that score best on ``valid``; resumable.
 
     Returns steps, best step and score, the validation history, and ``earlier_seconds``: the (wall,
-    CPU) seconds of the interrupted runs this one resumed, up to their last checkpoint."""
-    device = resolve_device(device)
+    CPU) seconds of the interrupted runs this one resumed, up to their last checkpoint. The
+    ``checkpoint_dir`` is locked meanwhile (:func:`~posattn.runtime.lock.run_lock`)."""
+    if checkpoint_dir is None:
+        return _finetune(model, task, train, valid, cfg, None, resolve_device(device), progress, description)
+    with run_lock(checkpoint_dir):
+        return _finetune(model, task, train, valid, cfg, Path(checkpoint_dir) / CHECKPOINT, resolve_device(device),
+                         progress, description)
+
+
+def _finetune(model: Encoder, task: Task, train: Encoded, valid: Encoded, cfg: FinetuneConfig, path: Path | None,
+              device: torch.device, progress: bool, description: str) -> dict[str, Any]:
+    """:func:`finetune` with its checkpoint ``path`` (None: no checkpoint) and device resolved."""
     model.to(device).train()
     optimizer = adamw(model, cfg.lr, cfg.weight_decay, eps=cfg.adam_eps)
     total, every = cfg.total_steps(len(train)), cfg.eval_every(len(train))
-    path = checkpoint_dir / CHECKPOINT if checkpoint_dir is not None else None
     state: dict[str, Any] = {"step": 0, "history": [], "done": False, "best": None, "best_score": -math.inf,
                              "best_step": 0, "bad": 0, "seconds": 0.0, "cpu_seconds": 0.0}
     torch.manual_seed(cfg.seed)
@@ -305,7 +314,14 @@ def run_cell(cell: Cell, store: Path, device: str = "auto", progress: bool = Tru
     """Fine-tune (or resume) one cell in ``store/<id>`` and score it; a finished cell's result is read
     back, never re-run.
 
-    ``keep_model``: also save the fine-tuned model (an intermediate task's model starts other cells)."""
+    ``keep_model``: also save the fine-tuned model (an intermediate task's model starts other cells).
+    The cell's folder is locked meanwhile (:func:`~posattn.runtime.lock.run_lock`)."""
+    with run_lock(store / cell.id):
+        return _run_cell(cell, store, device, progress, keep_model)
+
+
+def _run_cell(cell: Cell, store: Path, device: str, progress: bool, keep_model: bool) -> dict:
+    """:func:`run_cell` with the cell's folder locked."""
     folder = store / cell.id
     result_path, model_dir = folder / "result.json", folder / MODEL_DIR
     done = finished_cell(cell, store)

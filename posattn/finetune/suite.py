@@ -19,7 +19,7 @@ from tqdm.auto import tqdm
 from ..claims import parse_claims
 from ..errors import PositionError
 from ..experiments.executors import Executor, LocalExecutor, NotStarted, block_problems
-from ..runtime.files import write_json_atomic
+from ..runtime.files import name_problem, write_json_atomic
 from ..tasks import compare
 from .report import write_plots, write_report
 from .run import (Cell, FinetuneConfig, check_encoder, find_checkpoint, fingerprint, finished_cell, run_cell, task_data,
@@ -191,6 +191,8 @@ def validate_config(raw: dict[str, Any]) -> Suite:
     unknown = sorted(set(raw) - set(TOP_KEYS))
     if unknown:
         errors.append(f"unknown key(s) {', '.join(unknown)}; valid keys: {', '.join(TOP_KEYS)}")
+    if unsafe := name_problem(raw.get("name", DEFAULT_CONFIG), "name"):   # names the output folder
+        errors.append(unsafe)
     tasks = _tasks(raw, errors)
     seeds = raw.get("seeds", [0, 1, 2])
     seeds = list(range(seeds)) if _is_int(seeds) else seeds

@@ -11,18 +11,22 @@ import yaml
 from safetensors.torch import load_model, save_model
 
 from ..errors import PositionError
+from ..runtime.files import atomic_path, write_text_atomic
 from .transformer import Transformer, build_model
 
 CONFIG, WEIGHTS = "config.json", "model.safetensors"
 
 
 def save(model: Transformer, folder: str | Path) -> Path:
-    """Write the model to ``folder`` (created if needed); shared tensors are stored once."""
+    """Write the model to ``folder`` (created if needed); shared tensors are stored once. Each file
+    is written atomically (:mod:`posattn.runtime.files`): a reader never sees half of one."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / CONFIG).write_text(json.dumps({"format": "posattn", "model_type": "posattn",
-                                                **model.config_dict()}, indent=2))
-    save_model(model, str(folder / WEIGHTS))
+    # the bytes of config.json key fine-tuning cells (posattn.finetune.run.fingerprint): keep them as they were
+    write_text_atomic(folder / CONFIG, json.dumps({"format": "posattn", "model_type": "posattn",
+                                                   **model.config_dict()}, indent=2))
+    with atomic_path(folder / WEIGHTS) as tmp:
+        save_model(model, str(tmp))
     return folder
 
 

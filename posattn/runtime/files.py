@@ -22,12 +22,21 @@ from posattn.errors import PositionError
 _SAFE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+=,@-]*")
 
 
+def name_problem(name: Any, what: str) -> str | None:
+    """Why ``name`` cannot be one path component, or None if it can (for config validators that
+    list every problem at once; :func:`check_name` raises it)."""
+    if not isinstance(name, str) or len(name) > 200 or not _SAFE.fullmatch(name):
+        return (f"{what} {name!r} cannot name a file or folder: use letters, digits and '._+=,@-', "
+                f"starting with a letter or digit (no '/', no '..', at most 200 characters)")
+    return None
+
+
 def check_name(name: Any, what: str) -> str:
     """``name`` if it is safe as one path component (letters, digits and ``. _ + = , @ -``, not
     starting with a dot or dash, at most 200 characters), else one :class:`PositionError`."""
-    if not isinstance(name, str) or len(name) > 200 or not _SAFE.fullmatch(name):
-        raise PositionError(f"{what} {name!r} cannot name a file or folder: use letters, digits and "
-                            f"'._+=,@-', starting with a letter or digit (no '/', no '..', at most 200 characters)")
+    problem = name_problem(name, what)
+    if problem is not None:
+        raise PositionError(problem)
     return name
 
 

@@ -27,7 +27,8 @@ from posattn.errors import PositionError
 from posattn.experiments.executors import Executor, LocalExecutor, NotStarted, block_problems
 from posattn.mechanisms import registry
 from posattn.models import build_model, load, save
-from posattn.runtime.files import write_json_atomic
+from posattn.runtime.files import name_problem, write_json_atomic
+from posattn.runtime.lock import run_lock
 from posattn.tasks.generators import TASK_PARAMS, TASKS, TaskError, drop_overlap, generate
 from posattn.tasks.report import select_lr, write_plots, write_report
 from posattn.tasks.train import CHECKPOINT, TrainConfig, evaluate, resolve_device, train
@@ -298,6 +299,8 @@ def validate_config(raw: dict[str, Any]) -> Sweep:
     unknown = sorted(set(raw) - set(TOP_KEYS))
     if unknown:
         errors.append(f"unknown key(s) {', '.join(unknown)}; valid keys: {', '.join(TOP_KEYS)}")
+    if unsafe := name_problem(raw.get("name", DEFAULT_CONFIG), "name"):   # names the output folder
+        errors.append(unsafe)
     task = raw.get("task", "mqar")
     if task not in TASKS:
         errors.append(f"task {task!r} is not one of: {', '.join(TASKS)}")
@@ -407,7 +410,14 @@ def _missing_lengths(result: dict | None, lengths: list[int]) -> list[int]:
 
 
 def run_cell(cell: Cell, test_lengths: list[int], out: Path, device: str = "auto", progress: bool = True) -> dict:
-    """Train (or resume) one cell, evaluate the test lengths it lacks, and return its result record."""
+    """Train (or resume) one cell, evaluate the test lengths it lacks, and return its result record.
+    The cell's folder is locked meanwhile (:func:`~posattn.runtime.lock.run_lock`)."""
+    with run_lock(_cell_folder(cell, out)):
+        return _run_cell(cell, test_lengths, out, device, progress)
+
+
+def _run_cell(cell: Cell, test_lengths: list[int], out: Path, device: str, progress: bool) -> dict:
+    """:func:`run_cell` with the cell's folder locked."""
     folder = _cell_folder(cell, out)
     result_path, model_dir = folder / "result.json", folder / "model"
     folder.mkdir(parents=True, exist_ok=True)

@@ -17,9 +17,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,6 +24,7 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from ..errors import PositionError
+from ..runtime.folders import replace_folder
 from .sources import VALID_FRACTION, Document, sentences, split_of
 from .tokenizer import FILENAME, encode, load_tokenizer, special_ids, train_tokenizer
 
@@ -72,8 +70,11 @@ def build_corpus(documents: list[Document], out: str | Path, tokenizer: str | Pa
 
     ``tokenizer``: a ``tokenizer.json`` (or a folder with one) to use instead of training one of
     ``kind`` with ``vocab_size`` entries on the train split. The folder is written to a temporary
-    sibling and renamed, so an interrupted build never leaves a half corpus behind."""
+    sibling and renamed, so an interrupted build never leaves a half corpus behind. An existing
+    ``out`` is replaced only if it is empty or a corpus this function wrote (:func:`check_replaceable`):
+    nothing else is ever deleted."""
     out = Path(out)
+    check_replaceable(out)
     parts = {split: [d for d in documents if split_of(d) == split] for split in SPLITS}
     empty = [s for s, docs in parts.items() if not any(d.text.strip() for d in docs)]
     if not documents or empty:
@@ -84,10 +85,10 @@ def build_corpus(documents: list[Document], out: str | Path, tokenizer: str | Pa
         (d.text for d in parts["train"]), kind, vocab_size)
     specials = special_ids(tok)
     dtype = np.uint16 if tok.get_vocab_size() <= 2 ** 16 else np.uint32
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
-    try:
-        sizes, digest = {}, hashlib.sha1()
+    sizes: dict[str, dict[str, int]] = {}
+
+    def fill(tmp: Path) -> None:
+        digest = hashlib.sha1()
         for split, docs in parts.items():
             arrays = _tokenise(docs, tok, specials.sep, dtype)
             for name, array in zip(("tokens.bin", "sentences.npy", "documents.npy"), arrays):
@@ -106,12 +107,39 @@ def build_corpus(documents: list[Document], out: str | Path, tokenizer: str | Pa
                 {"kind": kind, "vocab_size": vocab_size}, "sources": sorted({d.source for d in documents}),
                 "splits": sizes, "fingerprint": digest.hexdigest()[:16]}
         (tmp / META).write_text(json.dumps(meta, indent=2))
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(tmp, out)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+
+    replace_folder(out.resolve(), fill)
     return open_corpus(out)
+
+
+def corpus_files() -> set[str]:
+    """The names of every file a corpus folder holds (:func:`build_corpus` writes exactly these)."""
+    return {META, FILENAME, *(f"{split}.{name}" for split in SPLITS
+                              for name in ("tokens.bin", "sentences.npy", "documents.npy"))}
+
+
+def check_replaceable(out: Path) -> None:
+    """PositionError unless ``out`` is absent, an empty folder, or a posattn corpus holding nothing but
+    its own files: ``posattn corpus --out DIR`` never deletes what it did not write."""
+    if not out.exists():
+        return
+    if not out.is_dir():
+        raise PositionError(f"corpus {out}: exists and is not a folder; give a new folder for the corpus")
+    if out.resolve() in (Path.cwd(), *Path.cwd().parents):
+        raise PositionError(f"corpus {out}: is the working directory or holds it; give a new folder for the corpus")
+    names = {p.name for p in out.iterdir()}
+    if not names:
+        return
+    try:
+        ours = json.loads((out / META).read_text()).get("format") == FORMAT
+    except (OSError, ValueError, AttributeError):
+        ours = False
+    foreign = sorted(names - corpus_files())
+    if not ours or foreign:
+        what = f"it holds {', '.join(foreign[:5])}{' ...' if len(foreign) > 5 else ''}" if foreign else \
+            f"no {META} of format {FORMAT!r}"
+        raise PositionError(f"corpus {out}: the folder exists and is not a posattn corpus ({what}); posattn "
+                            f"replaces only a corpus it built, so give a new or empty folder; nothing was changed")
 
 
 def _tokenise(docs: list[Document], tok: Tokenizer, sep: int, dtype: type) -> tuple[np.ndarray, ...]:

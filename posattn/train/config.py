@@ -18,6 +18,7 @@ from .. import schedule
 from ..errors import PositionError
 from ..mechanisms import Dims, validate
 from ..models.config import ModelConfig
+from ..runtime.files import name_problem
 
 OBJECTIVES = {"mlm": "encoder", "clm": "decoder"}
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
@@ -179,6 +180,9 @@ def load(source: str | Path | dict | None) -> tuple[str, list[tuple[str, Pretrai
             raise PretrainConfigError(f"{where}: the top level must be a mapping of config keys")
         raw.setdefault("name", path.stem if path.is_file() else name)
     runs = raw.pop("runs", None)
+    unsafe = name_problem(raw.get("name", PretrainConfig.name), f"{where}: name")   # names the output folder
+    if unsafe:
+        raise PretrainConfigError(unsafe)
     if runs is None:
         cfg = parse(raw, where)
         return cfg.name, [(cfg.name, cfg)]
@@ -187,7 +191,7 @@ def load(source: str | Path | dict | None) -> tuple[str, list[tuple[str, Pretrai
     labels = [r["label"] for r in runs]
     if len(set(labels)) != len(labels):
         raise PretrainConfigError(f"{where}: run labels must be unique, got {labels}")
-    out, problems = [], []
+    out, problems = [], [p for label in labels if (p := name_problem(label, f"{where}: run label"))]
     for r in runs:
         entry = {**raw, **{k: v for k, v in r.items() if k != "label"}, "name": f"{raw.get('name', 'recipe')}/{r['label']}"}
         if isinstance(raw.get("model"), dict) and isinstance(r.get("model"), dict):

@@ -34,7 +34,7 @@ from tqdm.auto import tqdm
 
 from ..errors import PositionError
 from ..heap import RELEASE_EVERY, release_freed_memory
-from ..models.io import save
+from ..models.io import load, save
 from ..models.transformer import MODEL_KINDS, Transformer
 from ..runtime.checkpoint import (
     CHECKPOINT,
@@ -44,6 +44,8 @@ from ..runtime.checkpoint import (
 )
 from ..runtime.device import autocast, resolve_device
 from ..runtime.files import write_json_atomic, write_text_atomic
+from ..runtime.folders import replace_folder
+from ..runtime.lock import run_lock
 from ..runtime.optim import adamw
 from ..runtime.rng import rng_state, set_rng_state
 from ..text.corpus import Corpus, build_corpus, open_corpus
@@ -54,7 +56,7 @@ from .data import Batch, Batches
 from .objective import objective_for
 from .plots import plot_run
 
-RESULT, METRICS, RUN_CONFIG = "result.json", "metrics.jsonl", "pretrain.json"
+RESULT, METRICS, RUN_CONFIG, MODEL = "result.json", "metrics.jsonl", "pretrain.json", "model"
 DEFAULT_CORPUS = Path("runs/corpus/default")
 SPEED_ONLY = ("data_workers",)  # config keys that change speed, never results: free to change on resume
 
@@ -132,6 +134,37 @@ def evaluate(model: Transformer, batches: list[Batch], device: torch.device,
 
 
 
+def save_run_model(model: Transformer, corpus: Corpus, folder: Path) -> None:
+    """A run's ``model/`` (weights, config and the corpus's tokenizer.json, what ``posattn finetune``
+    reads), written whole: a crash mid-save leaves the previous folder, never half of one."""
+    def fill(tmp: Path) -> None:
+        save(model, tmp)
+        corpus.tokenizer.save(str(tmp / FILENAME))
+
+    replace_folder(folder, fill)
+
+
+def model_intact(folder: Path) -> bool:
+    """True if ``folder`` holds a model that loads (config, every weight) and its tokenizer."""
+    try:
+        load(folder)
+    except Exception:  # noqa: BLE001 - a damaged file fails in json, safetensors or torch
+        return False
+    return (folder / FILENAME).is_file()
+
+
+def restore_model(cfg: PretrainConfig, out: Path, corpus: Corpus) -> None:
+    """Rewrite a finished run's missing or damaged ``model/`` from its final checkpoint, or refuse."""
+    path = out / CHECKPOINT
+    state = load_checkpoint(path, ("config", "model", "step")) if path.exists() else None
+    if state is None or state["step"] != cfg.steps:
+        raise PositionError(f"{out / MODEL} is missing or damaged and {path} does not hold the final step to "
+                            f"rewrite it from; train the run again in a new folder")
+    model = build_model(cfg, corpus)
+    model.load_state_dict(state["model"])
+    save_run_model(model, corpus, out / MODEL)
+
+
 def _gather_rng(world: World, device: torch.device) -> list[Any]:
     """Every rank's RNG states (dropout streams), gathered on all ranks."""
     mine = rng_state(device)
@@ -185,12 +218,23 @@ def pretrain(cfg: PretrainConfig, out: str | Path, *, device: str = "auto", prog
              on_step: Callable[[int], None] | None = None) -> dict[str, Any]:
     """Train (or resume, or just report a finished run) into ``out``; returns the result dict.
 
-    ``on_step(step)`` is called after every optimizer step (tests use it to interrupt a run)."""
+    ``on_step(step)`` is called after every optimizer step (tests use it to interrupt a run). The
+    main process holds ``out``'s lock (:func:`~posattn.runtime.lock.run_lock`) meanwhile: a second
+    run on the same folder gets a PositionError naming this process."""
     out = Path(out)
     world, dev = init_world(device)
+    with run_lock(out) if world.main else contextlib.nullcontext():
+        return _pretrain(cfg, out, world, dev, progress, on_step)
+
+
+def _pretrain(cfg: PretrainConfig, out: Path, world: World, dev: torch.device, progress: bool,
+              on_step: Callable[[int], None] | None) -> dict[str, Any]:
+    """:func:`pretrain` in its process group, with the run folder locked."""
     if (out / RESULT).exists():
         written, current = json.loads((out / RUN_CONFIG).read_text()), cfg.to_dict()
         check_config({k: written.get(k) for k in current}, current, out / RUN_CONFIG, ignore=SPEED_ONLY)
+        if world.main and not model_intact(out / MODEL):
+            restore_model(cfg, out, open_corpus(written["corpus_folder"]))
         return json.loads((out / RESULT).read_text())
     corpus = resolve_corpus(cfg.corpus, world)
     specials = special_ids(corpus.tokenizer, str(corpus.folder))
@@ -226,6 +270,7 @@ def pretrain(cfg: PretrainConfig, out: str | Path, *, device: str = "auto", prog
         step, elapsed, tokens_seen, data_seconds = state["step"], state["elapsed"], state["tokens"], state["data_seconds"]
     else:
         torch.manual_seed(cfg.seed * 7919 + world.rank)  # dropout stream of this rank
+    resumed_at = step
     if world.main:
         out.mkdir(parents=True, exist_ok=True)
         write_json_atomic(out / RUN_CONFIG, {**cfg.to_dict(), "corpus_folder": str(corpus.folder),
@@ -244,8 +289,7 @@ def pretrain(cfg: PretrainConfig, out: str | Path, *, device: str = "auto", prog
                                    "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
                                    "scaler": scaler.state_dict(), "rng": rng, "step": step, "elapsed": elapsed,
                                    "tokens": tokens_seen, "data_seconds": data_seconds})
-            save(model, out / "model")
-            corpus.tokenizer.save(str(out / "model" / FILENAME))
+            save_run_model(model, corpus, out / MODEL)
         world.barrier()
 
     def log(row: dict[str, Any]) -> None:
@@ -314,6 +358,8 @@ def pretrain(cfg: PretrainConfig, out: str | Path, *, device: str = "auto", prog
             on_step(step)
         window_start = window_start if window_count else time.perf_counter()
     bar.close()
+    if world.main and step == resumed_at:  # resumed at its last step: model/ may be stale or damaged
+        save_run_model(model, corpus, out / MODEL)
     result = {"name": cfg.name, "objective": cfg.objective, "mechanisms": cfg.mechanisms, "steps": step,
               "tokens": tokens_seen, "train_seconds": elapsed, "tokens_per_s": tokens_seen / max(elapsed, 1e-9),
               "data_fraction": data_seconds / max(elapsed, 1e-9),

@@ -133,3 +133,13 @@ def test_a_checkpoint_carrying_a_pickle_payload_is_refused_unrun(tmp_path):
         finetune(build_model_none(), TASK, toy(16), toy(8), FinetuneConfig(epochs=1, batch_size=8),
                  checkpoint_dir=tmp_path / "cell", progress=False)
     assert not marker.exists() and path.read_bytes() == before
+
+
+def test_a_locked_checkpoint_folder_is_refused(tmp_path):
+    from runtime.holder import Holder
+
+    with Holder(tmp_path / "cell") as pid:
+        with pytest.raises(PositionError, match=f"is in use by another run \\(process {pid}\\)"):
+            finetune(build_model_none(), TASK, toy(16), toy(8), FinetuneConfig(epochs=1, batch_size=8),
+                     checkpoint_dir=tmp_path / "cell", progress=False)
+        assert sorted(p.name for p in (tmp_path / "cell").iterdir()) == [".lock"]

@@ -136,3 +136,21 @@ def test_a_cell_checkpoint_carrying_a_pickle_payload_is_refused_unrun(tmp_path: 
         run_cell(cell, [L], tmp_path, progress=False)
     assert not marker.exists() and path.read_bytes() == before
     assert not (tmp_path / "cells" / cell.id / "result.json").exists()
+
+
+def test_a_locked_cell_folder_is_refused_before_anything_is_written(tmp_path: Path) -> None:
+    """Another process holds the cell folder: the loop and the compare cell each get one
+    PositionError naming it, and write nothing there."""
+    from posattn.tasks.compare import run_cell, validate_config
+    from runtime.holder import Holder
+
+    sweep = validate_config({"task": "mqar", "task_params": {"num_kv_pairs": 2}, "vocab_size": V, "train_length": L,
+                             "test_lengths": [L], "examples": {"train": 40, "valid": 8, "test": 8}, "d_model": 16,
+                             "models": [{"mechanisms": ["rope"], "layers": 1}], "training": {"steps": 2, "batch_size": 4}})
+    folder = tmp_path / "cells" / sweep.cells[0].id
+    with Holder(folder) as pid:
+        with pytest.raises(PositionError, match=f"is in use by another run \\(process {pid}\\)"):
+            train(tiny(), data(n=20), TrainConfig(steps=2, batch_size=4), checkpoint_dir=folder, progress=False)
+        with pytest.raises(PositionError, match=f"{sweep.cells[0].id} is in use by another run \\(process {pid}\\)"):
+            run_cell(sweep.cells[0], [L], tmp_path, progress=False)
+        assert sorted(p.name for p in folder.iterdir()) == [".lock"]

@@ -155,3 +155,28 @@ def test_wordpiece_ids_do_not_depend_on_the_process(tmp_path):
     assert all(ids == runs[0] for runs in by_vocabulary.values() for ids in runs)
     assert all(runs[0][name] == i for runs in by_vocabulary.values()
                for i, name in enumerate(("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")))
+
+
+def test_corpus_command_never_deletes_a_folder_it_did_not_write(tmp_path, monkeypatch, capsys):
+    """``--out`` naming a folder with a user's file (or the working directory) is refused and the file
+    survives; a corpus posattn built, or an empty folder, is replaced."""
+    from posattn.cli import main
+    (tmp_path / "texts").mkdir()
+    for d in make_documents(80):
+        (tmp_path / "texts" / f"{d.id}.txt").write_text(d.text)
+    build = ["corpus", "--files", str(tmp_path / "texts"), "--vocab-size", "64", "--out"]
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "thesis.tex").write_text("years of work")
+    assert main([*build, str(mine)]) == 2
+    assert "not a posattn corpus (it holds thesis.tex)" in capsys.readouterr().err
+    monkeypatch.chdir(mine)
+    assert main([*build, "."]) == 2
+    (mine / "meta.json").write_text(json.dumps({"format": "posattn-corpus"}))   # looks like a corpus, holds more
+    assert main([*build, str(mine)]) == 2
+    assert (mine / "thesis.tex").read_text() == "years of work"
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "empty").mkdir()
+    assert main([*build, str(tmp_path / "empty")]) == 0 and (tmp_path / "empty" / "meta.json").exists()
+    assert main([*build, str(tmp_path / "empty")]) == 0                # rebuilding its own corpus is fine
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["empty", "mine", "texts"]   # no temporary folder left

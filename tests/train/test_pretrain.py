@@ -88,6 +88,81 @@ def test_a_checkpoint_carrying_a_pickle_payload_is_refused_unrun(corpus, tmp_pat
     assert not (tmp_path / "r" / "model").exists()
 
 
+HOLD_AT_STEP_3 = """
+import json, sys, time
+from pathlib import Path
+import torch
+from posattn.train.config import parse
+from posattn.train.pretrain import pretrain
+torch.set_num_threads(1)
+cfg, (out, ready, go) = json.loads(sys.argv[1]), map(Path, sys.argv[2:5])
+def hold(step):
+    if step == 3:
+        ready.touch()
+        while not go.exists():
+            time.sleep(0.02)
+pretrain(parse(cfg), out, progress=False, on_step=hold)
+"""
+
+
+def test_a_second_process_on_a_run_folder_is_refused_and_the_first_finishes(corpus, tmp_path):
+    """Two real processes on one run folder: the second gets one PositionError naming the folder and
+    the first's pid and writes nothing; the first ends with the weights of an undisturbed run."""
+    import subprocess
+    import sys
+
+    from runtime.holder import python_env, wait_for
+
+    cfg, out, ready, go = tiny(corpus), tmp_path / "r", tmp_path / "ready", tmp_path / "go"
+    straight = pretrain(parse(cfg), tmp_path / "straight", progress=False)
+    first = subprocess.Popen([sys.executable, "-c", HOLD_AT_STEP_3, json.dumps(cfg), str(out), str(ready), str(go)],
+                             env=python_env(), stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(ready, first)
+        files = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
+        with pytest.raises(PositionError, match=rf"{out} is in use by another run \(process {first.pid}\)"):
+            pretrain(parse(cfg), out, progress=False)
+        assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == files
+    finally:
+        go.touch()
+        assert first.wait(120) == 0, first.stderr.read()
+    a, b = read_weights(tmp_path / "straight"), read_weights(out)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert json.loads((out / "result.json").read_text())["valid_loss"] == straight["valid_loss"]
+
+
+def test_a_truncated_model_folder_is_rewritten_from_the_checkpoint(corpus, tmp_path):
+    """Killed after its final checkpoint, before result.json, with model.safetensors cut short: the
+    rerun rewrites model/ from the checkpoint before it writes result.json, and so does a rerun of
+    a finished run whose model/ was damaged or removed; without the checkpoint it refuses clearly."""
+    import shutil
+
+    cfg = parse(tiny(corpus))
+    whole = pretrain(cfg, tmp_path / "whole", progress=False)
+    out = tmp_path / "r"
+    with pytest.raises(Interrupt):
+        pretrain(cfg, out, progress=False, on_step=stop_at(cfg.steps))
+    weights = out / "model" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])
+    assert pretrain(cfg, out, progress=False)["valid_loss"] == whole["valid_loss"]
+    a, b = read_weights(tmp_path / "whole"), read_weights(out)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert load(out / "model") is not None
+
+    weights.write_bytes(weights.read_bytes()[:100])          # finished run, damaged afterwards
+    pretrain(cfg, out, progress=False)
+    shutil.rmtree(out / "model")                               # ... or removed
+    pretrain(cfg, out, progress=False)
+    b = read_weights(out)
+    assert all(torch.equal(a[k], b[k]) for k in a) and (out / "model" / "tokenizer.json").exists()
+    assert not [p.name for p in out.iterdir() if p.name.startswith(".model")]   # no temporary folder left
+
+    (out / CHECKPOINT).unlink()
+    shutil.rmtree(out / "model")
+    with pytest.raises(PositionError, match="model is missing or damaged and .*checkpoint.pt does not hold"):
+        pretrain(cfg, out, progress=False)
+
+
 def test_changed_config_or_corpus_is_refused(corpus, tmp_path):
     with pytest.raises(Interrupt):
         pretrain(parse(tiny(corpus)), tmp_path / "r", progress=False, on_step=stop_at(2))
