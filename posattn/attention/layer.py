@@ -38,12 +38,13 @@ def mix(mechanisms: list[Mechanism], q: Tensor, k: Tensor, v: Tensor, ctx: Conte
         dropout: float = 0.0, training: bool = False) -> Tensor:
     """Score terms, then softmax(s)·V on ``path`` or the mechanisms' mixer in its place:
     [b, h, n, d_v] from q, k, v after their transforms."""
-    softmax = Softmax(path, PATHS[path], ctx.keep, ctx.causal, dropout, training)
     terms = [t for m in mechanisms for t in m.score_terms(q, k, ctx)]
     for m in mechanisms:
         if m.mixes:
-            return m.mix(q, k, v, terms, ctx, softmax)
-    return softmax(q, k, v, terms)
+            return m.mix(q, k, v, terms, ctx, Softmax(path, PATHS[path], ctx.keep, ctx.causal, dropout, training))
+    # softmax attention itself is called directly: building the frozen Softmax dataclass inside a
+    # torch.compile'd step failed on CUDA (torch 2.11: "'Softmax' object has no attribute 'path'")
+    return PATHS[path](q, k, v, terms, ctx.keep, ctx.causal, dropout, training)
 
 
 class Attention(nn.Module):
