@@ -131,7 +131,7 @@ def layer_report(recipe: str, records: list[dict[str, Any]], root: str | Path | 
     """Per setup group its table, provenance, targets (and plot, with ``out``); then the grid's missing setups."""
     lines = [f"# {recipe}: one attention block against plain SDPA", "",
              ("Training step and inference per mechanism and length; × is the ratio to the plain SDPA timed in the "
-              "same run (interleaved rounds); the sdpa row is the run that stored it first."), ""]
+              "same run (interleaved rounds); the sdpa row shown is from the run that stored it first."), ""]
     for k, (title, group) in enumerate(layer_groups(records), 1):
         ours, bench = layer_verdicts(group)
         lines += [f"## {title}", "", *fenced(layer_table(group)), "Provenance:", *provenance_lines(group), "",
