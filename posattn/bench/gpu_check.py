@@ -146,10 +146,10 @@ def mode_name(mode: str) -> str:
     return mode if mode == "eager" else f"compile {mode}"
 
 
-def layer_todo(s: Settings, mode: str) -> list[tuple[Sizes, list[str]]]:
-    """The layer runs of ``mode`` ("eager" or a compile mode) still to do: (sizes with n as
-    ``max_len`` and the batch, the mechanisms whose record is missing), in the order of
-    :func:`layer_plan`."""
+def layer_todo(s: Settings, mode: str, hw: str | None = None) -> list[tuple[Sizes, list[str]]]:
+    """The layer runs of ``mode`` ("eager" or a compile mode) still to do on the hardware ``hw``
+    (default: this machine's ``s.device``): (sizes with n as ``max_len`` and the batch, the
+    mechanisms whose record is missing), in the order of :func:`layer_plan`."""
     from .. import mechanisms as registry
     from ..experiments.store import hardware
     from .store import LAYER_RECIPE, missing, setup
@@ -158,7 +158,7 @@ def layer_todo(s: Settings, mode: str) -> list[tuple[Sizes, list[str]]]:
     # the earlier H100 table's size (4 heads of 64); tiny: 2 heads of 16, fp32 (CPUs lack fast bf16)
     sizes = replace(Sizes(heads=2, head_dim=16) if s.tiny else Sizes(), device=s.device,
                     dtype="float32" if s.tiny else "bfloat16")
-    hw = hardware(s.device)
+    hw = hw or hardware(s.device)
     out = []
     for n, batch, group in layer_plan(names, s.shapes, s.eager_group if mode == "eager" else s.compile_group):
         run_sizes = replace(sizes, batch=batch, max_len=n)

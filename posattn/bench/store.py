@@ -7,6 +7,10 @@ hardware and the model's size. A record's id is a hash of that content, so a lat
 same kind of machine finds what exists and measures only what is missing (:func:`missing`),
 and records from several machines merge by copying files.
 
+Beside the records, ``recipe.json`` (kind ``recipe``, sweep ``bench``) says what the recipe is,
+so that ``posattn report`` renders it (:mod:`.records`); the total is open (``cells_total``
+None): which setups the grid still lacks is :func:`.gpu_check.layer_todo`'s to say.
+
 A row's ratios (``train_ratio`` to plain SDPA, ``speed_vs_hf_bert``...) were measured in the
 same interleaved rounds as their reference; the record keeps the row whole, so a ratio is never
 formed from two runs.
@@ -43,14 +47,25 @@ def missing(recipe: str, keys: list[dict[str, Any]], root: str | Path | None = N
     return [k for k in keys if not store.record_path(recipe, record_id(k), root).exists()]
 
 
+SWEEP = "bench"  # the kind of sweep of the bench recipes' recipe.json (posattn.experiments.report)
+
+
+def publish_recipe(recipe: str, bench: str, prov: dict[str, str], root: str | Path | None = None) -> bool:
+    """Write the recipe's ``recipe.json`` (the bench kind, ``layer`` or ``model``) unless it is
+    there; True if written."""
+    result = {"sweep": SWEEP, "config": {"bench": bench}, "cells_total": None}
+    return store.publish(recipe, store.RECIPE_ID, result, prov, kind="recipe", root=root)
+
+
 def publish_rows(recipe: str, bench: str, rows: list[dict[str, Any]], sizes: Sizes, mode: str,
                  prov: dict[str, str], root: str | Path | None = None) -> tuple[int, int]:
     """Store every measured row (rows with an error are left out, so a later run retries them);
-    returns (written, already there)."""
+    returns (written, already there). The recipe's ``recipe.json`` is written with the first rows."""
     written = kept = 0
-    for row in rows:
-        if row.get("error") or row.get("train_ms") is None:
-            continue
+    measured = [row for row in rows if not row.get("error") and row.get("train_ms") is not None]
+    if measured:
+        publish_recipe(recipe, bench, prov, root)
+    for row in measured:
         key = setup(bench, row["mechanism"], row["n"], row["batch"], sizes, mode, prov["hardware"])
         if store.publish(recipe, record_id(key), {**key, "row": row}, prov, root=root):
             written += 1

@@ -3,7 +3,8 @@
 The cells of ``results/<recipe>/`` and of any run folders given (merged by id; the store's record
 of a cell wins) go through the report code of their kind of sweep, the same functions the sweep
 itself calls: :mod:`posattn.tasks.report` (compare), :mod:`posattn.finetune.report` (fine-tuning
-suites), :mod:`posattn.train.report` (pretraining recipes) and :mod:`posattn.hf.table3`. A
+suites), :mod:`posattn.train.report` (pretraining recipes), :mod:`posattn.hf.table3` and
+:mod:`posattn.bench.records` (the GPU benchmark recipes, whose records carry their provenance). A
 recipe known only by summary records (tables whose cells are gone) is rendered from that data by
 :mod:`posattn.experiments.summary`; while its cells are re-run, the summary tables follow the
 partial report until every cell is present. The report says how many of the recipe's cells are
@@ -27,9 +28,10 @@ from posattn.runtime.files import write_json_atomic, write_text_atomic
 @dataclass
 class Gathered:
     """What is known of a recipe: its sweep and config (from ``recipe.json`` or a run folder), its
-    finished cells by id, and its summary records."""
+    finished cells by id, its summary records, and the store's folder they were read from."""
 
     recipe: str
+    root: str | Path | None = None
     sweep: str | None = None
     config: dict[str, Any] = field(default_factory=dict)
     total: int | None = None
@@ -51,7 +53,7 @@ class Gathered:
 def gather(recipe: str, root: str | Path | None = None, runs: list[str | Path] = ()) -> Gathered:
     """The records of ``recipe`` in the store plus the finished cells of ``runs``; one error if there is
     nothing, or if a run folder holds another config under this name."""
-    got = Gathered(store.check_name(recipe, "recipe"))
+    got = Gathered(store.check_name(recipe, "recipe"), root)
     for record in store.load(recipe, root):
         if record["kind"] == "recipe":
             got.sweep, got.config, got.total = (record["result"]["sweep"], record["result"]["config"],
@@ -123,7 +125,13 @@ def _table3(got: Gathered, out: Path | None) -> str:
     return report(cells, summarise(cells, tasks), tasks, meta)
 
 
-REPORTS = {"compare": _compare, "finetune": _finetune, "pretrain": _pretrain, "table3": _table3}
+def _bench(got: Gathered, out: Path | None) -> str:
+    from posattn.bench.records import report
+
+    return report(got.recipe, got.config, got.root, out)
+
+
+REPORTS = {"compare": _compare, "finetune": _finetune, "pretrain": _pretrain, "table3": _table3, "bench": _bench}
 
 
 def build(recipe: str, root: str | Path | None = None, runs: list[str | Path] = (),

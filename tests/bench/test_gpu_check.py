@@ -32,7 +32,7 @@ def tiny(tmp_path: Path, **kw: object) -> Settings:
 def test_layer_stage_stores_each_setup_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     s = tiny(tmp_path)
     layer_stage(s, "eager", tmp_path / "rows.json")
-    records = store.load(LAYER_RECIPE, s.results)
+    records = store.load(LAYER_RECIPE, s.results, kind="cell")
     assert sorted(r["result"]["case"] for r in records) == ["rope", "sdpa", "t5"]
     hw = store.hardware("cpu")
     for r in records:
@@ -52,7 +52,7 @@ def test_layer_stage_stores_each_setup_once(tmp_path: Path, monkeypatch: pytest.
     s.mechanisms = ["t5", "rope", "alibi"]
     layer_stage(s, "eager", tmp_path / "rows.json")
     assert measured == [[["alibi"]]]  # only the missing setup (its baseline comes with it)
-    assert len(store.load(LAYER_RECIPE, s.results)) == 4  # the first sdpa record stands
+    assert len(store.load(LAYER_RECIPE, s.results, kind="cell")) == 4  # the first sdpa record stands
 
 
 def test_rows_with_errors_are_not_stored(tmp_path: Path) -> None:
