@@ -58,7 +58,8 @@ def test_every_summary_recipe_renders_with_its_provenance(results: Path) -> None
         for r in records:
             check(r["result"], r["id"])
             assert r["result"]["title"] in text and r["provenance"]["command"] in text
-        assert "no cells" in got.counts()
+        if not store.load(name, results, kind="cell"):          # a recipe known only by its summaries
+            assert "no cells" in got.counts()
 
 
 def test_a_verdict_without_per_seed_scores_is_carried_and_marked(results: Path) -> None:
