@@ -44,7 +44,7 @@ class Relation:
         return f"{self.left} {self.op} {self.right}"
 
     @staticmethod
-    def parse(text: Any) -> "Relation | None":
+    def parse(text: Any) -> Relation | None:
         m = RELATION.match(text.strip()) if isinstance(text, str) else None
         if m is None or m["left"] == m["right"]:
             return None

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from . import reports
 
@@ -23,7 +24,8 @@ def _finish(args: argparse.Namespace, report: dict[str, Any], out: Path) -> None
         print(json.dumps(report, indent=1))
     else:
         summary = {k: v for k, v in report.items() if not isinstance(v, (list, dict))}
-        print(f"wrote {out}/ ({', '.join(report.get('figures', [])[:3])}{' …' if len(report.get('figures', [])) > 3 else ''})")
+        print(f"wrote {out}/ ({', '.join(report.get('figures', [])[:3])}"
+              f"{' …' if len(report.get('figures', [])) > 3 else ''})")
         for k, v in summary.items():
             print(f"  {k}: {v}")
 
@@ -65,8 +67,9 @@ def _rank(args: argparse.Namespace) -> None:
         return
     print(f"wrote {out}/ (rank.png, rank.json)")
     for name, r in rep["models"].items():
-        print(f"  {name}: head_dim {r['head_dim']}, score rank max {r['score_rank_max']} (mean {r['score_rank_mean']}), "
-              f"fraction > head_dim {r['fraction_above_head_dim']}, position-term rank max {r['position_rank_max']}")
+        print(f"  {name}: head_dim {r['head_dim']}, score rank max {r['score_rank_max']} "
+              f"(mean {r['score_rank_mean']}), fraction > head_dim {r['fraction_above_head_dim']}, "
+              f"position-term rank max {r['position_rank_max']}")
 
 
 def _kernels(args: argparse.Namespace) -> None:
@@ -145,7 +148,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     r.add_argument("--layers", type=int, default=2, help="--random-pair layers")
     _common(r, _rank, model=False)
 
-    k = sub.add_parser("kernels", help="learned position structure per mechanism (Chang Fig 2-3, TISA Fig 3, DIET Fig 4/7)")
+    k = sub.add_parser("kernels",
+                       help="learned position structure per mechanism (Chang Fig 2-3, TISA Fig 3, DIET Fig 4/7)")
     k.add_argument("--positions", type=int, default=64, help="sequence length n used to tabulate (default 64)")
     k.add_argument("--half-width", type=int, help="offsets shown in the offset plots (default n − 1)")
     _common(k, _kernels)

@@ -150,7 +150,7 @@ class HFCheckpoint:
     _bin: dict[str, Tensor] | None = field(default=None, repr=False)
 
     @classmethod
-    def open(cls, folder: str | Path) -> "HFCheckpoint":
+    def open(cls, folder: str | Path) -> HFCheckpoint:
         folder = Path(folder)
         if not is_hf_folder(folder):
             raise CheckpointError(f"{folder} is not a Hugging Face checkpoint (config.json with model_type + weights)")
@@ -275,7 +275,8 @@ class HFCheckpoint:
             raise CheckpointError(f"{self.folder}: layer {layer} out of range 0 … {self.n_layers - 1}")
         q_t, k_t, _ = self.layout()
         q, k = self.prefix + q_t.format(l=layer), self.prefix + k_t.format(l=layer)
-        return self.tensor(q + ".weight").T, self.tensor(q + ".bias"), self.tensor(k + ".weight").T, self.tensor(k + ".bias")
+        return (self.tensor(q + ".weight").T, self.tensor(q + ".bias"),
+                self.tensor(k + ".weight").T, self.tensor(k + ".bias"))
 
     def relative_bias(self, n: int) -> Tensor | None:
         """MPNet's relative attention bias ``[h, n, n]`` (shared by every layer), or None."""

@@ -13,7 +13,7 @@ import os
 import torch
 from torch import Tensor
 
-from .hf import HFCheckpoint, CheckpointError
+from .hf import CheckpointError, HFCheckpoint
 
 
 def _transformers():  # noqa: ANN202 - the module

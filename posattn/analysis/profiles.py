@@ -103,7 +103,7 @@ def hf_profiles(
 
         w_bar, _ = ckpt.embedding_inputs()
         every = hf_scores(ckpt, inputs_embeds=w_bar.expand(1, n, -1))
-        scores = torch.stack([every[l][0] for l in layers])
+        scores = torch.stack([every[layer][0] for layer in layers])
         built_in = ckpt.relative_bias(n)
         if built_in is not None and not relative_bias:
             scores = scores - built_in

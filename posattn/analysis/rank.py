@@ -36,7 +36,8 @@ def theorem1_construction(n: int, d: int, d_h: int, d_p: int) -> tuple[NDArray[n
     rank(A_a) ≤ d_h and rank(A_r) = min(d_h + d_p, n) when d_h + d_p ≤ n and d_h < d.
     """
     if not (d_h < d <= n and d_h + d_p <= n):
-        raise ValueError(f"the construction needs d_h < d <= n and d_h + d_p <= n, got n={n}, d={d}, d_h={d_h}, d_p={d_p}")
+        raise ValueError("the construction needs d_h < d <= n and d_h + d_p <= n, "
+                         f"got n={n}, d={d}, d_h={d_h}, d_p={d_p}")
     w = np.zeros((d, d_h))
     w[:d_h] = np.eye(d_h)
     x = np.zeros((n, d))

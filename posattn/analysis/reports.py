@@ -13,8 +13,16 @@ import torch
 from ..models import ModelConfig, Transformer, build_model, save
 from . import plots
 from .hf import CheckpointError, HFCheckpoint
-from .native import (Source, describe, learned_structures, open_source, position_scores, position_table,
-                     posattn_profiles, score_matrices64)
+from .native import (
+    Source,
+    describe,
+    learned_structures,
+    open_source,
+    posattn_profiles,
+    position_scores,
+    position_table,
+    score_matrices64,
+)
 from .profiles import Profiles, hf_profiles
 from .rank import numerical_rank
 from .tisa_fit import TisaFit, fit_tisa
@@ -216,7 +224,8 @@ def rank_of(model: ModelArg, positions: int = 128, batch: int = 4, seed: int = 0
         pos = _hf_position_term(src, positions)
     else:
         if positions > src.cfg.max_len:
-            raise CheckpointError(f"asked for {positions} positions; the model was built with max_len {src.cfg.max_len}")
+            raise CheckpointError(f"asked for {positions} positions; "
+                                  f"the model was built with max_len {src.cfg.max_len}")
         scores = score_matrices64(src, ids)
         pos = position_scores(src, positions)
     ranks = np.stack([numerical_rank(s.numpy(), rtol) for s in scores])  # [L, b, H]

@@ -14,7 +14,7 @@ stored copies; the saving is the O(h·n²) bias. Least recently used entries are
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import Tensor

@@ -86,11 +86,11 @@ class Step:
     cache: Cache
     layer: int
 
-    def attend(self, attn: "Attention", x: Tensor, ctx_new: Context) -> Tensor:
+    def attend(self, attn: Attention, x: Tensor, ctx_new: Context) -> Tensor:
         return step(attn, x, ctx_new, self.ctx_all, self.cache, self.layer)
 
 
-def step(attn: "Attention", x: Tensor, ctx_new: Context, ctx_all: Context, cache: Cache,
+def step(attn: Attention, x: Tensor, ctx_new: Context, ctx_all: Context, cache: Cache,
          layer_idx: int) -> Tensor:
     """One attention layer on the new rows ``x`` [b, m, d_model]; ``ctx_new`` holds their
     positions, ``ctx_all`` the whole length. Updates ``cache``; returns [b, m, d_model]."""

@@ -46,9 +46,9 @@ The thresholds are CPU measurements (``posattn bench``; 2 threads, head dim 64).
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Iterator
 
 import torch
 import torch.nn.functional as F
@@ -177,7 +177,8 @@ def plan(q: Tensor, terms: list[Term], causal: bool, dropout: float = 0.0, train
     if n <= policy.fused_max_n and (skips_blocks or not tables) and _fusable(q, rest, policy):
         return "fused"
     grads = _needs_grad(_term_tensors(rest))
-    fused_tables = grads and tables and _fusable(q, rest, policy)  # asked only when it decides: a first call builds them
+    # asked only when it decides: a first call builds them
+    fused_tables = grads and tables and _fusable(q, rest, policy)
     shortest = policy.fused_grad_max_n if fused_tables else policy.dense_grad_max_n
     learned_positions = grads and tables and n > shortest
     if n <= policy.dense_max_n and not learned_positions:

@@ -21,8 +21,9 @@ With one Toeplitz table alone (no padding, float32) the backward is one fused C+
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -193,19 +194,19 @@ class FlashBias(torch.autograd.Function):
             qc = q[:, :, i0:i1]
             if masks.materialize:
                 j0 = masks.key_start(i1)
-                o, l = flash_fwd(qc, kr[:, :, j0:], vr[:, :, j0:],
-                                 mask=masks.build(extra_inputs, i0, i1, j0))
+                o, chunk_lse = flash_fwd(qc, kr[:, :, j0:], vr[:, :, j0:],
+                                         mask=masks.build(extra_inputs, i0, i1, j0))
             elif not geo.causal:
-                o, l = flash_fwd(qc, kr, vr, mask=toeplitz_view(trev, i0, i1, 0, n))
+                o, chunk_lse = flash_fwd(qc, kr, vr, mask=toeplitz_view(trev, i0, i1, 0, n))
             else:  # diagonal block in natural order with is_causal, the past as a view
-                o, l = flash_fwd(qc, k[:, :, i0:i1], v[:, :, i0:i1], causal=True,
-                                 mask=toeplitz_view(trev, i0, i1, n - i1, n - i0).flip(-1))
+                o, chunk_lse = flash_fwd(qc, k[:, :, i0:i1], v[:, :, i0:i1], causal=True,
+                                         mask=toeplitz_view(trev, i0, i1, n - i1, n - i0).flip(-1))
                 if i0:
                     o2, l2 = flash_fwd(qc, kr[:, :, n - i0:], vr[:, :, n - i0:],
                                        mask=toeplitz_view(trev, i0, i1, n - i0, n))
-                    o, l = _merge(o, l, o2, l2)
+                    o, chunk_lse = _merge(o, chunk_lse, o2, l2)
             out[:, :, i0:i1] = o
-            lse[..., i0:i1] = l
+            lse[..., i0:i1] = chunk_lse
         ctx.geo = geo
         ctx.save_for_backward(q, kr, vr, table, trev, out, lse, *extra_inputs)
         return out

@@ -8,7 +8,7 @@ differentiates through ``score_mod`` on CUDA). Not available on CPU for training
 """
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F

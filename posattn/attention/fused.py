@@ -21,6 +21,7 @@ from torch import Tensor
 from . import native
 from .terms import Term
 
+
 def widen(band: Tensor, window: int) -> Tensor:
     """[..., 2w + 1] -> [..., 2·window + 1] with the edge values repeated (the clipped term)."""
     w = band.shape[-1] // 2

@@ -23,9 +23,9 @@ import hashlib
 import os
 import sys
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
-from typing import Iterator
 
 import torch
 

@@ -55,7 +55,7 @@ class Term:
         """True when the term depends on positions alone: no q or k, the same for every batch row."""
         return False
 
-    def first_row(self) -> "Term":
+    def first_row(self) -> Term:
         """A position-only term with its batch dimension reduced to 1."""
         return self
 
@@ -91,7 +91,7 @@ class Toeplitz(Term):
 
     table: Tensor  # [h, 2n − 1]
     window: int | None = None
-    causal_form: "LowRank | None" = None
+    causal_form: LowRank | None = None
 
     def dense(self, n: int) -> Tensor:
         return self.table[:, relative_index(n, self.table.device)].unsqueeze(0)
@@ -135,7 +135,7 @@ class LowRank(Term):
     def position_only(self) -> bool:
         return batch_free(self.u) and batch_free(self.v)
 
-    def first_row(self) -> "LowRank":
+    def first_row(self) -> LowRank:
         return LowRank(self.u[:1], self.v[:1])
 
     def fusable(self) -> bool:
@@ -235,5 +235,5 @@ class Dense(Term):
     def position_only(self) -> bool:
         return batch_free(self.bias)
 
-    def first_row(self) -> "Dense":
+    def first_row(self) -> Dense:
         return Dense(self.bias[:1]) if self.bias.dim() == 4 else self

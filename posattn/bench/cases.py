@@ -17,8 +17,9 @@ them; :func:`make_case` builds any kind (model and peer cases in :mod:`.models`,
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import asdict, replace
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F

@@ -5,8 +5,8 @@ import argparse
 import ast
 import dataclasses
 import importlib.util
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -161,7 +161,7 @@ def bench_command(args: argparse.Namespace) -> None:
     if args.conv:
         rows = conv_rows([1, 2, 3, 4, 5, 9, 17, 33, 65, 129, 257], 512 if args.quick else 4096,
                          16 if args.quick else 256, 2, args.threads, _first(args.repeats, 2 if args.quick else 5))
-        print("depthwise conv, training step ms (n=%d)" % (512 if args.quick else 4096))
+        print(f"depthwise conv, training step ms (n={512 if args.quick else 4096})")
         for r in rows:
             print(f"k={r['kernel']:4d}  shift {r['shift_ms']:8.2f}  conv1d {r['conv1d_ms']:8.2f}  "
                   f"fft {r['fft_ms']:8.2f}  -> chosen: {r['chosen']}")

@@ -33,9 +33,10 @@ import subprocess
 import sys
 import tarfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from ..errors import PositionError
 from ..runtime.files import check_name, write_bytes_atomic, write_json_atomic, write_text_atomic

@@ -24,7 +24,8 @@ adds a token-type embedding.
 from __future__ import annotations
 
 import json
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -87,7 +88,8 @@ def _posattn(kind: str, mechanisms: list[Any], sizes: Sizes, n: int) -> tuple[to
     if causal:
         labels = _next_tokens(labels)
     if kind == "posattn_mlm":
-        objective, batch = MaskedLM(model), Batch(ids, labels, torch.zeros_like(ids), torch.ones_like(ids, dtype=torch.bool))
+        objective = MaskedLM(model)
+        batch = Batch(ids, labels, torch.zeros_like(ids), torch.ones_like(ids, dtype=torch.bool))
         return model, lambda: objective(batch)[0] / (labels != -100).sum()
 
     def loss() -> torch.Tensor:

@@ -11,7 +11,8 @@ Each peer is matched with the posattn mechanism it should be compared with (``MA
 from __future__ import annotations
 
 import importlib.util
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 

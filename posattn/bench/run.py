@@ -3,8 +3,9 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -197,7 +198,7 @@ def conv_rows(kernels: list[int], n: int, channels: int, batch: int, threads: in
         for name, fn in METHODS.items():
             if name == "native" and native.kernels() is None:
                 continue  # the C++ kernels did not build here
-            def step(fn: Callable[..., torch.Tensor] = fn) -> None:
+            def step(fn: Callable[..., torch.Tensor] = fn, w: torch.Tensor = w, k: int = k) -> None:
                 x.grad = w.grad = None
                 fn(x, w, k - 1).pow(2).mean().backward()
             cases[name] = step

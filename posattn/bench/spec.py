@@ -9,8 +9,9 @@ fast-path algorithms they take. :mod:`.cases` builds layer and op cases, :mod:`.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any, Callable
+from typing import Any
 
 import torch
 

@@ -8,7 +8,7 @@ tables) is the unweighted mean of its metrics, as on the GLUE leaderboard.
 """
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 

@@ -34,8 +34,8 @@ import csv
 import gzip
 import io
 import random
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from ..text.sources import Document, bbc, load_documents, package_dir, paragraphs, sentences, split_of
 from .tasks import OFFLINE, POSITION, Example, TaskData, TaskError, cap, split_by_hash, stable_unit

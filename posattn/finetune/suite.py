@@ -22,8 +22,17 @@ from ..experiments.executors import Executor, LocalExecutor, NotStarted, block_p
 from ..runtime.files import name_problem, write_json_atomic
 from ..tasks import compare
 from .report import write_plots, write_report
-from .run import (Cell, FinetuneConfig, check_encoder, find_checkpoint, fingerprint, finished_cell, run_cell, task_data,
-                  tokenizer_path)
+from .run import (
+    Cell,
+    FinetuneConfig,
+    check_encoder,
+    find_checkpoint,
+    fingerprint,
+    finished_cell,
+    run_cell,
+    task_data,
+    tokenizer_path,
+)
 from .tasks import GLUE_SUITE, OFFLINE_SUITE, TASKS
 
 DEFAULT_CONFIG = "offline"

@@ -78,7 +78,8 @@ class TaskData:
     notes: list[str] = field(default_factory=list)
 
     def sizes(self) -> dict[str, int]:
-        return {"train": len(self.train), "valid": len(self.valid), **{f"test:{k}": len(v) for k, v in self.test.items()}}
+        return {"train": len(self.train), "valid": len(self.valid),
+                **{f"test:{k}": len(v) for k, v in self.test.items()}}
 
 
 ENTAIL = ("entailment", "not_entailment")

@@ -15,8 +15,14 @@ except ImportError:  # pragma: no cover - depends on the environment
     raise PositionError("posattn.hf needs transformers 5: pip install 'posattn[hf]'") from None
 
 from .convert import convert, from_posattn
-from .modeling import (PosattnConfig, PosattnForCausalLM, PosattnForMaskedLM,
-                       PosattnForSequenceClassification, PosattnModel, PosattnPreTrainedModel)
+from .modeling import (
+    PosattnConfig,
+    PosattnForCausalLM,
+    PosattnForMaskedLM,
+    PosattnForSequenceClassification,
+    PosattnModel,
+    PosattnPreTrainedModel,
+)
 from .tokenizer import hf_tokenizer
 
 __all__ = ["PosattnConfig", "PosattnModel", "PosattnForMaskedLM", "PosattnForSequenceClassification",

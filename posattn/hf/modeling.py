@@ -24,11 +24,22 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from transformers import (AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForMaskedLM,
-                          AutoModelForSequenceClassification, GenerationMixin, PreTrainedConfig,
-                          PreTrainedModel)
-from transformers.modeling_outputs import (BaseModelOutput, CausalLMOutputWithPast, MaskedLMOutput,
-                                           SequenceClassifierOutput)
+from transformers import (
+    AutoConfig,
+    AutoModel,
+    AutoModelForCausalLM,
+    AutoModelForMaskedLM,
+    AutoModelForSequenceClassification,
+    GenerationMixin,
+    PreTrainedConfig,
+    PreTrainedModel,
+)
+from transformers.modeling_outputs import (
+    BaseModelOutput,
+    CausalLMOutputWithPast,
+    MaskedLMOutput,
+    SequenceClassifierOutput,
+)
 
 from ..attention.decode import blockers
 from ..errors import PositionError

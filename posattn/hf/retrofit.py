@@ -36,8 +36,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 import torch
-from torch import Tensor, nn
 from safetensors.torch import load_file
+from torch import Tensor, nn
 from transformers import AttentionInterface, AutoModel, PreTrainedModel
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 

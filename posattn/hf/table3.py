@@ -35,8 +35,14 @@ from transformers import AutoModelForSequenceClassification, PreTrainedModel
 from ..analysis.hf import resolve
 from ..analysis.tisa_fit import TisaFit
 from ..claims import SIGMAS, judge, parse_claims, report_row
-from ..experiments.executors import (Executor, LocalExecutor, NotStarted, add_executor_options, budget_note,
-                                     executor_from)
+from ..experiments.executors import (
+    Executor,
+    LocalExecutor,
+    NotStarted,
+    add_executor_options,
+    budget_note,
+    executor_from,
+)
 from ..finetune.report import plot_scores, seed_values, suite_scores
 from ..finetune.run import FinetuneConfig, baseline, encoded, finetune, score
 from ..finetune.tasks import OFFLINE_SUITE, TASKS
@@ -59,7 +65,8 @@ class Classifier(nn.Module):
         self.hf = model
 
     def classify(self, ids: Tensor, segments: Tensor, mask: Tensor) -> Tensor:
-        hidden = self.hf.base_model(input_ids=ids, token_type_ids=segments, attention_mask=mask.long()).last_hidden_state
+        hidden = self.hf.base_model(input_ids=ids, token_type_ids=segments,
+                                    attention_mask=mask.long()).last_hidden_state
         return self.hf.classifier(self.hf.dropout(self.hf.base_model.pooler(hidden)))
 
 
@@ -160,7 +167,8 @@ class Job:
 
     @property
     def path(self) -> Path:
-        return Path(self.out) / "cells" / f"{self.variant.replace(' ', '_').replace('=', '')}-{self.task}-{self.seed}.json"
+        stem = self.variant.replace(" ", "_").replace("=", "")
+        return Path(self.out) / "cells" / f"{stem}-{self.task}-{self.seed}.json"
 
 
 def run_cell(job: Job) -> dict[str, Any]:
@@ -219,7 +227,8 @@ def run(model: str = "minilm", tasks: list[str] | None = None, seeds: int = 5, m
                 continue
             cells.append(cell)
             bar.update(1)
-            write(out, cells, tasks, name, str(folder), protocol, total=len(jobs))  # after every cell: partial results stay
+            # after every cell: partial results stay
+            write(out, cells, tasks, name, str(folder), protocol, total=len(jobs))
     if note := budget_note(len(cells), len(jobs)):
         print(note)
     return write(out, cells, tasks, name, str(folder), protocol, plots=True, total=len(jobs))
@@ -234,7 +243,8 @@ def write(out: Path, cells: list[dict[str, Any]], tasks: list[str], name: str, f
     write_json_atomic(out / "results.json", result, indent=2)
     text = report(cells, summary, tasks, {"model": name, "protocol": protocol})
     if total is not None and len(cells) < total:
-        text = text.replace("\n\n", f"\n\n**Partial: {len(cells)} of {total} cells finished.** Rerun to finish it.\n\n", 1)
+        text = text.replace("\n\n", f"\n\n**Partial: {len(cells)} of {total} cells finished.** "
+                                    "Rerun to finish it.\n\n", 1)
     (out / "report.md").write_text(text)
     if plots:
         plot_scores(f"TISA Table 3 on {name}", list(VARIANTS), tasks, finetune_cells(cells), out)

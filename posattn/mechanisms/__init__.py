@@ -12,9 +12,25 @@ from typing import Any, Union
 from torch import nn
 
 from ..errors import PositionError
+
 # Registration order is the order `posattn mechanisms` lists them in.
-from . import none, absolute, rope, alibi, t5, conv_bias, conv_layers, tisa, diet, segment, tupe  # noqa: F401, I001
-from . import convbert, lincat, landmark, linformer  # noqa: F401, I001  (mixers: they replace softmax(s)·V)
+from . import (  # noqa: F401, I001  # noqa: F401, I001  (mixers: they replace softmax(s)·V)
+    absolute,
+    alibi,
+    conv_bias,
+    conv_layers,
+    convbert,
+    diet,
+    landmark,
+    lincat,
+    linformer,
+    none,
+    rope,
+    segment,
+    t5,
+    tisa,
+    tupe,
+)
 from .base import COST_CLASSES, Context, Dims, Mechanism, Structure, check_layer
 from .registry import REGISTRY, get, names
 
@@ -29,7 +45,7 @@ class Spec:
     options: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
-    def parse(cls, spec: SpecLike) -> "Spec":
+    def parse(cls, spec: SpecLike) -> Spec:
         if isinstance(spec, Spec):
             return spec
         if isinstance(spec, str):
@@ -145,5 +161,6 @@ def properties(spec: SpecLike, dims: Dims) -> dict[str, Any]:
     }
 
 
-__all__ = ["properties", "runs_in_decoder", "Built", "COST_CLASSES", "Context", "Dims", "Mechanism", "Spec", "Structure",
-           "build", "cost_classes", "get", "length_scalings", "names", "validate", "with_length_scaling", "REGISTRY"]
+__all__ = ["properties", "runs_in_decoder", "Built", "COST_CLASSES", "Context", "Dims", "Mechanism", "Spec",
+           "Structure", "build", "cost_classes", "get", "length_scalings", "names", "validate", "with_length_scaling",
+           "REGISTRY"]

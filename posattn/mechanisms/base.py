@@ -28,8 +28,9 @@ longer inputs (:meth:`Mechanism.length_scaled`) and how it starts inside a pretr
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import torch
 from torch import Tensor, nn
@@ -168,7 +169,8 @@ class Mechanism(nn.Module):
         return PositionError(f"{self.name}: {reason}")
 
     @classmethod
-    def length_scaled(cls, options: dict[str, Any], kind: str, factor: float, trained_len: int) -> dict[str, Any] | None:
+    def length_scaled(cls, options: dict[str, Any], kind: str, factor: float,
+                      trained_len: int) -> dict[str, Any] | None:
         """The options that run this mechanism, trained on ``trained_len`` positions, on inputs
         ``factor`` times longer with the rescaling ``kind`` (one of :attr:`length_scalings`), or
         None where it has no such rescaling (then it runs as it is)."""
@@ -218,14 +220,14 @@ class Mechanism(nn.Module):
     def transform_qkv(self, q: Tensor, k: Tensor, v: Tensor, ctx: Context) -> tuple[Tensor, Tensor, Tensor]:
         return q, k, v
 
-    def score_terms(self, q: Tensor, k: Tensor, ctx: Context) -> list["Term"]:
+    def score_terms(self, q: Tensor, k: Tensor, ctx: Context) -> list[Term]:
         return []
 
     def transform_output(self, o: Tensor, v: Tensor, ctx: Context) -> Tensor:
         return o
 
-    def mix(self, q: Tensor, k: Tensor, v: Tensor, terms: list["Term"], ctx: Context,
-            softmax: "Softmax") -> Tensor:
+    def mix(self, q: Tensor, k: Tensor, v: Tensor, terms: list[Term], ctx: Context,
+            softmax: Softmax) -> Tensor:
         """A mixer's output [b, h, n, d_v] in place of softmax(s)·V (only when ``mixes``)."""
         raise NotImplementedError
 
@@ -243,7 +245,7 @@ class Softmax:
     dropout: float = 0.0
     training: bool = False
 
-    def __call__(self, q: Tensor, k: Tensor, v: Tensor, terms: list["Term"] | None = None) -> Tensor:
+    def __call__(self, q: Tensor, k: Tensor, v: Tensor, terms: list[Term] | None = None) -> Tensor:
         return self.attend(q, k, v, terms or [], self.keep, self.causal, self.dropout, self.training)
 
 

@@ -14,7 +14,8 @@ direct sum up to floating-point rounding).
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Literal
+from collections.abc import Callable
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F

@@ -1,14 +1,15 @@
 """Name -> mechanism class. Mechanism modules register themselves with :func:`register`."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable, TypeVar
+from collections.abc import Callable
+from typing import TYPE_CHECKING, TypeVar
 
 from ..errors import PositionError
 
 if TYPE_CHECKING:
     from .base import Mechanism
 
-REGISTRY: dict[str, type["Mechanism"]] = {}
+REGISTRY: dict[str, type[Mechanism]] = {}
 M = TypeVar("M", bound=type["Mechanism"])
 
 
@@ -25,7 +26,7 @@ def register(name: str) -> Callable[[M], M]:
     return deco
 
 
-def get(name: str) -> type["Mechanism"]:
+def get(name: str) -> type[Mechanism]:
     """Look a mechanism up by name; unknown names list the valid ones."""
     try:
         return REGISTRY[name]

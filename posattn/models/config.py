@@ -45,7 +45,7 @@ class ModelConfig:
         self.mechanisms = list(self.mechanisms)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "ModelConfig":
+    def from_dict(cls, data: dict[str, Any]) -> ModelConfig:
         valid = {f.name for f in fields(cls)}
         unknown = sorted(set(data) - valid)
         if unknown:

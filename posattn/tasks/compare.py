@@ -94,7 +94,8 @@ class ConfigError(PositionError):
 
 def schema_text() -> str:
     """:data:`SCHEMA` filled in with the valid tasks, task options, mechanisms and training keys."""
-    mechanisms = textwrap.fill("valid names: " + ", ".join(registry.names()), 96, initial_indent=" " * 29, subsequent_indent=" " * 29)
+    mechanisms = textwrap.fill("valid names: " + ", ".join(registry.names()), 96,
+                               initial_indent=" " * 29, subsequent_indent=" " * 29)
     task_lines = "\n".join(f"{'':29}{task}: {', '.join(f'{k}={v}' for k, v in params.items())}"
                            for task, params in TASK_PARAMS.items())
     training = textwrap.fill(", ".join(f"{k}={v}" for k, v in asdict(TrainConfig()).items() if k != "seed"),
@@ -272,7 +273,8 @@ def _model_specs(raw: dict[str, Any], errors: list[str], train_length: int, long
         names = [m if isinstance(m, str) else m.get("name") if isinstance(m, dict) else None for m in mechanisms]
         wrong = [repr(n) for n in names if n not in valid_names]
         if wrong:
-            errors.append(f"{where}: unknown mechanism(s) {', '.join(wrong)}; valid mechanisms: {', '.join(valid_names)}")
+            errors.append(f"{where}: unknown mechanism(s) {', '.join(wrong)}; "
+                          f"valid mechanisms: {', '.join(valid_names)}")
             continue
         depths = _as_list(entry.get("layers", 2))
         if not all(_is_int(d) for d in depths):
@@ -456,7 +458,8 @@ def _run_cell(cell: Cell, test_lengths: list[int], out: Path, device: str, progr
     model.to(resolve_device(device))
     for n in missing:
         if "diverged" in result:
-            result["accuracy"][str(n)], result["not_applicable"][str(n)] = None, f"training diverged: {result['diverged']}"
+            result["accuracy"][str(n)] = None
+            result["not_applicable"][str(n)] = f"training diverged: {result['diverged']}"
             continue
         test = drop_overlap(cell.data("test", n, cell.examples["test"]), train_data)
         result["test_examples"][str(n)] = len(test)

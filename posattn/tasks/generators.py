@@ -70,7 +70,9 @@ def _rng(seed: int, split: str, length: int) -> np.random.Generator:
 
 def _distinct_rows(rng: np.random.Generator, n: int, population: int, k: int) -> np.ndarray:
     """``[n, k]`` integers from ``[0, population)``, distinct within each row."""
-    return np.stack([rng.choice(population, size=k, replace=False) for _ in range(n)]) if n else np.zeros((0, k), np.int64)
+    if not n:
+        return np.zeros((0, k), np.int64)
+    return np.stack([rng.choice(population, size=k, replace=False) for _ in range(n)])
 
 
 def _power_law_gaps(rng: np.random.Generator, n: int, space: int, k: int, power_a: float) -> np.ndarray:

@@ -111,10 +111,12 @@ def report_text(config: dict[str, Any], results: list[dict], cells_total: int) -
     lines = [f"# posattn compare: {cfg['name']}", "",
              f"Task `{cfg['task']}` ({params}), vocabulary {cfg['vocab_size']}; "
              f"{cfg['examples']['train']} training, {cfg['examples']['valid']} validation and up to "
-             f"{cfg['examples']['test']} test examples per length (test examples also in the training set are dropped). "
+             f"{cfg['examples']['test']} test examples per length "
+             f"(test examples also in the training set are dropped). "
              f"Up to {tr['steps']} steps of batch {tr['batch_size']}, AdamW lr {'/'.join(f'{v:g}' for v in tr['lr'])} "
              f"(best by validation accuracy), warmup {tr['warmup']} + cosine, early stop at validation accuracy "
-             f"{tr['target_accuracy']}; seeds {cfg['seeds']} (mean ± sample std over seeds). Accuracy = fraction of scored tokens "
+             f"{tr['target_accuracy']}; seeds {cfg['seeds']} (mean ± sample std over seeds). "
+             f"Accuracy = fraction of scored tokens "
              f"predicted exactly. `n/a` = the model cannot run that length (reasons below).", ""]
     if len(results) < cells_total:
         lines += [f"**Partial: {len(results)} of {cells_total} cells finished.** A model's learning rate is the "
@@ -192,11 +194,13 @@ def write_plots(config: dict[str, Any], results: list[dict], out: Path) -> list[
         for d in cfg["d_model"]:
             _, ax = plt.subplots(figsize=(6, 4))
             for label in _labels(cfg):
-                ax.plot(lengths, [nan(mean_accuracy(results, label, d, n, m)) for m in lengths], marker="o", label=label)
+                ax.plot(lengths, [nan(mean_accuracy(results, label, d, n, m)) for m in lengths],
+                        marker="o", label=label)
             ax.set_xscale("log", base=2)
             ax.set_xticks(lengths, [str(m) for m in lengths])
             ax.axvline(n, color="grey", linestyle=":")
-            finish(ax, f"{cfg['task']}: trained at {n}, d_model {d}", "test length", f"accuracy_vs_length_L{n}_d{d}.png")
+            finish(ax, f"{cfg['task']}: trained at {n}, d_model {d}", "test length",
+                   f"accuracy_vs_length_L{n}_d{d}.png")
         _, ax = plt.subplots(figsize=(6, 4))
         for label in _labels(cfg):
             ax.plot(cfg["d_model"], [nan(mean_accuracy(results, label, d, n, n)) for d in cfg["d_model"]],

@@ -16,9 +16,9 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import re
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator, Sequence
 
 from ..errors import PositionError
 

@@ -7,9 +7,9 @@ callers add [CLS]/[SEP] themselves (:func:`encode` returns bare token ids).
 """
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable
 
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 

@@ -60,7 +60,8 @@ def corpus_command(args: argparse.Namespace) -> None:
     kind = args.tokenizer if args.tokenizer in KINDS else "wordpiece"
     corpus = build_corpus(docs, args.out, tokenizer, kind, args.vocab_size, description=" + ".join(sources))
     for split, sizes in corpus.meta["splits"].items():
-        print(f"{split:6s} {sizes['documents']:6,} documents {sizes['sentences']:8,} sentences {sizes['tokens']:10,} tokens")
+        print(f"{split:6s} {sizes['documents']:6,} documents {sizes['sentences']:8,} sentences "
+              f"{sizes['tokens']:10,} tokens")
     print(f"vocabulary {corpus.vocab_size:,}; corpus in {args.out}/")
 
 
@@ -101,7 +102,8 @@ def pretrain_command(args: argparse.Namespace) -> None:
         print((out / "report.md").read_text())
     elif single:
         r = results[0]
-        extra = f"perplexity {r['valid_perplexity']:.2f}" if "valid_perplexity" in r else f"MLM accuracy {r['valid_accuracy']:.3f}"
+        extra = (f"perplexity {r['valid_perplexity']:.2f}" if "valid_perplexity" in r
+                 else f"MLM accuracy {r['valid_accuracy']:.3f}")
         print(f"{name}: {r['steps']} steps, {r['tokens']:,} tokens, {r['tokens_per_s']:,.0f} tokens/s, "
               f"held-out loss {r['valid_loss']:.3f}, {extra}")
     print(f"checkpoints, metrics and plots in {out}/ (model for fine-tuning: {out}/model or {out}/<run>/model)")

@@ -122,7 +122,8 @@ def parse(data: dict[str, Any], where: str = "config") -> PretrainConfig:
     if not isinstance(cfg.model, dict):
         problems.append("model must be a mapping of ModelConfig fields")
     else:
-        problems += [f"model.{k}: unknown field (valid: {', '.join(MODEL_KEYS)})" for k in sorted(set(cfg.model) - set(MODEL_KEYS))]
+        problems += [f"model.{k}: unknown field (valid: {', '.join(MODEL_KEYS)})"
+                     for k in sorted(set(cfg.model) - set(MODEL_KEYS))]
     for key in ("steps", "batch_size", "grad_accum", "eval_every", "eval_sequences", "checkpoint_every", "log_every"):
         value = getattr(cfg, key)
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -193,7 +194,8 @@ def load(source: str | Path | dict | None) -> tuple[str, list[tuple[str, Pretrai
         raise PretrainConfigError(f"{where}: run labels must be unique, got {labels}")
     out, problems = [], [p for label in labels if (p := name_problem(label, f"{where}: run label"))]
     for r in runs:
-        entry = {**raw, **{k: v for k, v in r.items() if k != "label"}, "name": f"{raw.get('name', 'recipe')}/{r['label']}"}
+        entry = {**raw, **{k: v for k, v in r.items() if k != "label"},
+                 "name": f"{raw.get('name', 'recipe')}/{r['label']}"}
         if isinstance(raw.get("model"), dict) and isinstance(r.get("model"), dict):
             entry["model"] = {**raw["model"], **r["model"]}
         try:

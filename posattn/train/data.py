@@ -38,12 +38,12 @@ class Batch:
     segment_ids: Tensor
     attention_mask: Tensor
 
-    def shard(self, index: int, count: int) -> "Batch":
+    def shard(self, index: int, count: int) -> Batch:
         """The ``index``-th of ``count`` equal consecutive slices along the batch."""
         size = self.input_ids.shape[0] // count
         return Batch(*(getattr(self, f.name)[index * size:(index + 1) * size] for f in fields(self)))
 
-    def to(self, device: torch.device) -> "Batch":
+    def to(self, device: torch.device) -> Batch:
         return Batch(*(getattr(self, f.name).to(device, non_blocking=True) for f in fields(self)))
 
     @property
@@ -104,7 +104,7 @@ class Batches:
 
     @classmethod
     def evaluation(cls, split: Split, objective: str, length: int, specials: SpecialIds, vocab_size: int,
-                   mask_prob: float = 0.15) -> "Batches":
+                   mask_prob: float = 0.15) -> Batches:
         """Fixed held-out batches: units in corpus order (no shuffling), masks seeded per batch."""
         return cls(split, objective, length, 1, 0, specials, vocab_size, mask_prob)
 
@@ -163,7 +163,8 @@ class Batches:
         index = np.asarray(starts, np.int64)[:, None] + np.arange(self.length + 1)
         block = torch.from_numpy(np.asarray(self.split.tokens[index.ravel()], np.int64).reshape(index.shape))
         ones = torch.ones(len(starts), self.length, dtype=torch.bool)
-        return Batch(block[:, :-1].contiguous(), block[:, 1:].contiguous(), torch.zeros_like(ones, dtype=torch.long), ones)
+        return Batch(block[:, :-1].contiguous(), block[:, 1:].contiguous(),
+                     torch.zeros_like(ones, dtype=torch.long), ones)
 
     def pairs(self, rows: np.ndarray, rng: np.random.Generator, part: slice = slice(None)) -> tuple[Batch, int]:
         """``[CLS] A [SEP] B [SEP]`` rows padded to the length and masked with ``rng``: the rows of
@@ -182,7 +183,8 @@ class Batches:
         a0, la, b0, lb, in_a, in_b, u, chosen, replacements = (
             x[part] for x in (a0, la, b0, lb, in_a, in_b, u.swapaxes(0, 1), chosen, replacements))
         source = np.where(in_a, a0 + j - 1, np.where(in_b, b0 + j - la - 2, 0))
-        ids = np.where(in_a | in_b, np.asarray(self.split.tokens[source.ravel()], np.int64).reshape(source.shape), sp.pad)
+        ids = np.where(in_a | in_b,
+                       np.asarray(self.split.tokens[source.ravel()], np.int64).reshape(source.shape), sp.pad)
         ids[:, 0] = sp.cls
         ids[j == la + 1] = sp.sep
         ids[(j == la + 2 + lb) & (lb > 0)] = sp.sep

@@ -267,7 +267,8 @@ def _pretrain(cfg: PretrainConfig, out: Path, world: World, dev: torch.device, p
         scheduler.load_state_dict(state["scheduler"])
         scaler.load_state_dict(state["scaler"])
         _set_rng(state["rng"], world, dev)
-        step, elapsed, tokens_seen, data_seconds = state["step"], state["elapsed"], state["tokens"], state["data_seconds"]
+        step, elapsed = state["step"], state["elapsed"]
+        tokens_seen, data_seconds = state["tokens"], state["data_seconds"]
     else:
         torch.manual_seed(cfg.seed * 7919 + world.rank)  # dropout stream of this rank
     resumed_at = step

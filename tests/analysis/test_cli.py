@@ -38,7 +38,8 @@ def test_commands_on_posattn_checkpoint(posattn_folder, tmp_path, capsys):
     rep = run(capsys, "fit-tisa", str(out / "f" / "tisa_model"), "--positions", "16", *FIT, "--no-model",
               "--out", str(out / "f2"))  # the built model is a valid posattn checkpoint
     assert rep["fit_r2_median"] > 0.9
-    rep = run(capsys, "rank", str(posattn_folder), "--random-pair", "--d-model", "16", "--positions", "16", "--out", str(out / "r"))
+    rep = run(capsys, "rank", str(posattn_folder), "--random-pair", "--d-model", "16", "--positions", "16",
+              "--out", str(out / "r"))
     assert rep["models"]["random diet_abs"]["fraction_above_head_dim"] == 1.0
     assert rep["models"]["pa"]["score_rank_max"] > 8  # its Toeplitz terms (fixed_conv, t5) lift the bound too
     rep = run(capsys, "kernels", str(posattn_folder), "--positions", "16", "--out", str(out / "k"))

@@ -8,6 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from finetune.helpers import make_checkpoint, tokenizer  # tests/ is on sys.path (pytest's rootdir layout)
+from finetune.test_position_tasks import DOCS
 
 import posattn
 from posattn.analysis.order_probe import order_probe, probe, pseudo_log_likelihoods
@@ -15,9 +17,6 @@ from posattn.finetune import offline
 from posattn.finetune.batches import encode_examples
 from posattn.finetune.tasks import POSITION, Example
 from posattn.text.tokenizer import special_ids
-
-from finetune.helpers import make_checkpoint, tokenizer  # tests/ is on sys.path (pytest's rootdir layout)
-from finetune.test_position_tasks import DOCS
 
 
 def encoder(mechanisms, seed=0):

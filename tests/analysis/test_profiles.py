@@ -10,7 +10,7 @@ from posattn.analysis.hf import CheckpointError, HFCheckpoint, t5_bidirectional_
 from posattn.analysis.native import open_source
 from posattn.analysis.profiles import hf_profiles
 
-from .conftest import D, H, LAYERS, N_POS, write_bert
+from .conftest import LAYERS, N_POS, D, H, write_bert
 
 
 def hand_fhat(t, layer, n, layer_norm=True):

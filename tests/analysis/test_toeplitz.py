@@ -2,8 +2,14 @@ import numpy as np
 import pytest
 import torch
 
-from posattn.analysis.toeplitz import (adjacent_cosine, diagonal_means, gram, toeplitz_fit, toeplitz_from_profile,
-                                       toeplitz_r2)
+from posattn.analysis.toeplitz import (
+    adjacent_cosine,
+    diagonal_means,
+    gram,
+    toeplitz_fit,
+    toeplitz_from_profile,
+    toeplitz_r2,
+)
 from posattn.mechanisms.absolute import sinusoids
 
 

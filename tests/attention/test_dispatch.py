@@ -26,7 +26,8 @@ def example(kind: type[terms.Term], seed: int = 0) -> tuple[torch.Tensor, ...] |
     r = torch.arange(-(N - 1), N).clamp(-W, W) + W
     made = {
         terms.Toeplitz: lambda: terms.Toeplitz(table[:, r], window=W),
-        terms.LowRank: lambda: terms.LowRank(torch.randn(1, H, N, 3, generator=g), torch.randn(1, H, N, 3, generator=g)),
+        terms.LowRank: lambda: terms.LowRank(torch.randn(1, H, N, 3, generator=g),
+                                             torch.randn(1, H, N, 3, generator=g)),
         terms.QueryRelative: lambda: terms.QueryRelative(q, torch.randn(2 * W + 1, D, generator=g), W, 0.5),
         terms.Dense: lambda: terms.Dense(torch.randn(B, H, N, N, generator=g)),
     }

@@ -4,8 +4,9 @@ at sizes where the chunk sizes are forced small so every chunking and merging br
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 import torch

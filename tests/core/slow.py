@@ -12,7 +12,6 @@ import math
 import torch
 from torch import Tensor
 
-
 # Mechanisms this module has a formula for; a newly registered mechanism fails the coverage test
 # until its formula is written here.
 COVERED = {"none", "rope", "alibi", "t5", "fixed_conv", "dynamic_conv", "key_dynamic_conv", "composite",

@@ -5,16 +5,29 @@ import math
 
 import pytest
 import torch
+from mixers.slow_mixers import COVERED as MIXERS_COVERED
+from mixers.slow_mixers import slow_mixer_layer
 
 from posattn.attention.layer import Attention
 from posattn.mechanisms import build
 from posattn.mechanisms.alibi import alibi_slopes
 from posattn.mechanisms.t5 import t5_bucket
 
-from mixers.slow_mixers import COVERED as MIXERS_COVERED
-from mixers.slow_mixers import slow_mixer_layer
-from .helpers import NAMES, VARIANTS, context, dims, layer_mechanism, model, randomize, run, \
-    segments_for, skip_encoder_only, spec_id, tokens, with_path
+from .helpers import (
+    NAMES,
+    VARIANTS,
+    context,
+    dims,
+    layer_mechanism,
+    model,
+    randomize,
+    run,
+    segments_for,
+    skip_encoder_only,
+    spec_id,
+    tokens,
+    with_path,
+)
 from .slow import COVERED, sinusoid_ref, slow_layer, t5_bucket_ref
 
 INPUT_LEVEL = {"absolute", "sinusoidal"}

@@ -5,11 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from posattn.attention import reference
 from posattn.errors import PositionError
 from posattn.mechanisms import Dims, properties
-
 from posattn.mechanisms.base import Softmax
-from posattn.attention import reference
 
 from .helpers import NAMES, context, dims, layer_mechanism, model, run, skip_encoder_only, spec_id, tokens
 
@@ -77,7 +76,8 @@ def test_translation_invariance_claim(name, causal, path):
         torch.testing.assert_close(padded, base, rtol=1e-10, atol=1e-10)
         torch.testing.assert_close(offset, base, rtol=1e-10, atol=1e-10)
     else:
-        assert (padded - base).abs().max() > 1e-4, f"{name} claims not translation invariant, but a shift changes nothing"
+        assert (padded - base).abs().max() > 1e-4, (
+            f"{name} claims not translation invariant, but a shift changes nothing")
         assert (offset - base).abs().max() > 1e-4, f"{name} ignores the position ids"
 
 

@@ -34,7 +34,8 @@ def fail(job: int, in_worker: bool) -> None:
 
 
 def test_jobs_run_here_one_after_another():
-    assert [r[:2] for r in LocalExecutor().map(describe, [1, 2, 3], ["a", "b", "c"])] == [(1, False), (4, False), (9, False)]
+    assert [r[:2] for r in LocalExecutor().map(describe, [1, 2, 3], ["a", "b", "c"])] == [
+        (1, False), (4, False), (9, False)]
     assert next(iter(LocalExecutor(4).map(describe, [5], ["a"])))[:2] == (25, False)  # one job: no pool
 
 
@@ -125,8 +126,8 @@ if __name__ == "__main__":
 
 def _run_script(tmp_path, script: str, *args: str) -> subprocess.CompletedProcess:
     (tmp_path / "jobs.py").write_text(script)
-    return subprocess.run([sys.executable, str(tmp_path / "jobs.py"), *args], capture_output=True, text=True, check=False,
-                          timeout=300)
+    return subprocess.run([sys.executable, str(tmp_path / "jobs.py"), *args], capture_output=True, text=True,
+                          check=False, timeout=300)
 
 
 def test_workers_of_a_finished_sweep_exit_cleanly(tmp_path):
@@ -328,7 +329,8 @@ def test_options_and_the_config_block_choose_the_executor(tmp_path, monkeypatch)
     assert chosen("--executor", "local", block={"executor": "slurm", "slurm_partition": "gpu"}).workers == 2
     slurm = chosen("--slurm-partition", "gpu", "--gpus-per-task", "1", block={"executor": "slurm", "slurm_time": 30})
     assert isinstance(slurm, executors.SlurmExecutor)
-    assert (slurm.partition, slurm.gpus_per_task, slurm.time_minutes, slurm.folder) == ("gpu", 1, 30, tmp_path / "slurm")
+    assert (slurm.partition, slurm.gpus_per_task, slurm.time_minutes, slurm.folder) == (
+        "gpu", 1, 30, tmp_path / "slurm")
     with pytest.raises(PositionError, match="--slurm-partition apply only with --executor slurm"):
         chosen("--slurm-partition", "gpu")
     with pytest.raises(PositionError, match="--workers applies to --executor local"):

@@ -89,7 +89,8 @@ def test_every_problem_of_a_config_in_one_error(setup, tmp_path):
         validate_config(raw)
     msg = str(err.value)
     for text in ("unknown key(s) colour", "unknown task 'nope'", "need glue_dir", "seeds must be",
-                 "unknown key(s) momentum", "lr = -1 is not valid", "'decoder' checkpoint is not classification-capable",
+                 "unknown key(s) momentum", "lr = -1 is not valid",
+                 "'decoder' checkpoint is not classification-capable",
                  "missing: not a posattn checkpoint", "absolute cannot go beyond them (not inductive)",
                  "cell_store must be", "'absolute >> none' is not 'A > B'"):
         assert text in msg, text

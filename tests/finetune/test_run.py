@@ -4,8 +4,7 @@ import torch
 
 from posattn.errors import PositionError
 from posattn.finetune.batches import encode_examples
-from posattn.finetune.run import (CHECKPOINT, FinetuneConfig, build_classifier, find_checkpoint, finetune,
-                                  score)
+from posattn.finetune.run import CHECKPOINT, FinetuneConfig, build_classifier, find_checkpoint, finetune, score
 from posattn.finetune.tasks import GLUE, OFFLINE, Example
 from posattn.models.io import read_config
 
@@ -109,7 +108,8 @@ def test_resumed_run_ends_bit_identical(tmp_path):
     for (name, a), (_, b) in zip(straight.state_dict().items(), resumed.state_dict().items()):
         assert torch.equal(a, b), name
     with pytest.raises(PositionError,
-                       match=r"different config \(lr: 0.001 -> 0.002; batch_size: 16 -> 32; evals_per_epoch: 2 -> 1; seed: 3 -> 0\)"):
+                       match=r"different config \(lr: 0.001 -> 0.002; batch_size: 16 -> 32; "
+                             r"evals_per_epoch: 2 -> 1; seed: 3 -> 0\)"):
         finetune(build_model_none(), TASK, train, valid, FinetuneConfig(lr=2e-3), checkpoint_dir=tmp_path,
                  progress=False)
 
@@ -118,9 +118,11 @@ def test_regression_head_for_stsb(tmp_path):
     folder = find_checkpoint(make_checkpoint(tmp_path / "ck"))
     model = build_classifier(folder, GLUE["stsb"], 0.0)
     assert model.cfg.n_classes == 1 and read_config(folder)["n_classes"] == 0
-    data = encode_examples(tokenizer(), GLUE["stsb"], [Example(s, s, float(i % 5)) for i, s in enumerate(SENTENCES)], 64)
+    examples = [Example(s, s, float(i % 5)) for i, s in enumerate(SENTENCES)]
+    data = encode_examples(tokenizer(), GLUE["stsb"], examples, 64)
     out = finetune(model, GLUE["stsb"], data, data, FinetuneConfig(lr=1e-3, epochs=2, batch_size=4), progress=False)
-    assert set(score(model, GLUE["stsb"], data, 4)) == {"pearson", "spearman", "score"} and out["steps"] == 5   # ceil(2 epochs · 10 / 4)
+    assert set(score(model, GLUE["stsb"], data, 4)) == {"pearson", "spearman", "score"}
+    assert out["steps"] == 5   # ceil(2 epochs · 10 / 4)
 
 
 def test_a_checkpoint_carrying_a_pickle_payload_is_refused_unrun(tmp_path):

@@ -25,7 +25,8 @@ def generate(model, ids, use_cache: bool, **kw):
 
 
 @pytest.mark.parametrize("mechanisms", [["rope"], ["alibi"], ["t5"], ["tisa"], ["diet_rel"], ["diet_abs"],
-                                        ["cat", "rope"], ["composite"], ["absolute", {"name": "tisa", "mode": "supplement"}]])
+                                        ["cat", "rope"], ["composite"],
+                                        ["absolute", {"name": "tisa", "mode": "supplement"}]])
 def test_cached_generate_equals_recompute(mechanisms):
     model = lm(mechanisms)
     ids = torch.randint(1, 40, (2, 6), generator=torch.Generator().manual_seed(2))

@@ -8,13 +8,26 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
+from transformers import (  # noqa: E402
+    AutoConfig,
+    AutoModel,
+    AutoModelForCausalLM,
+    AutoModelForMaskedLM,
+    AutoModelForSequenceClassification,
+)
+
 import posattn  # noqa: E402
 from posattn import PositionError  # noqa: E402
-from posattn.hf import (PosattnConfig, PosattnForCausalLM, PosattnForMaskedLM,  # noqa: E402
-                        PosattnForSequenceClassification, PosattnModel, convert, from_posattn,
-                        hf_tokenizer)
-from transformers import (AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForMaskedLM,  # noqa: E402
-                          AutoModelForSequenceClassification)
+from posattn.hf import (  # noqa: E402
+    PosattnConfig,
+    PosattnForCausalLM,
+    PosattnForMaskedLM,
+    PosattnForSequenceClassification,
+    PosattnModel,
+    convert,
+    from_posattn,
+    hf_tokenizer,
+)
 
 IDS = torch.tensor([[2, 10, 11, 12, 3, 0], [2, 20, 21, 3, 0, 0]])
 MASK = (IDS != 0).long()

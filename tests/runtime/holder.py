@@ -43,7 +43,8 @@ class Holder:
 
     def __init__(self, folder: Path) -> None:
         self.folder = Path(folder)
-        self.ready, self.go = self.folder.parent / f"{self.folder.name}.ready", self.folder.parent / f"{self.folder.name}.go"
+        self.ready = self.folder.parent / f"{self.folder.name}.ready"
+        self.go = self.folder.parent / f"{self.folder.name}.go"
 
     def __enter__(self) -> int:
         self.process = subprocess.Popen([sys.executable, "-c", SCRIPT, str(self.folder), str(self.ready), str(self.go)],

@@ -75,7 +75,8 @@ def test_resumed_run_ends_bit_identical(tmp_path: Path) -> None:
     assert out.seconds > saved["seconds"]       # wall time adds up over the interrupted and resumed parts
     for (name, a), (_, b) in zip(straight.state_dict().items(), resumed.model.state_dict().items()):
         assert torch.equal(a, b), name
-    again = train(Interrupt(tiny("rope", 2), at=1), train_data, cfg, valid=valid, checkpoint_dir=tmp_path, progress=False)
+    again = train(Interrupt(tiny("rope", 2), at=1), train_data, cfg, valid=valid, checkpoint_dir=tmp_path,
+                  progress=False)
     assert again.steps == 30 and again.history == ref.history   # a finished run is not trained again
 
 
@@ -123,12 +124,14 @@ def test_cuda_run_resumes_from_a_checkpoint(tmp_path: Path) -> None:
 def test_a_cell_checkpoint_carrying_a_pickle_payload_is_refused_unrun(tmp_path: Path) -> None:
     """A ``checkpoint.pt`` copied into a compare cell folder is read as tensors and plain data only:
     one PositionError, the payload never runs, nothing is written over the file."""
-    from posattn.tasks.compare import run_cell, validate_config
     from runtime.payload import plant
+
+    from posattn.tasks.compare import run_cell, validate_config
 
     sweep = validate_config({"task": "mqar", "task_params": {"num_kv_pairs": 2}, "vocab_size": V, "train_length": L,
                              "test_lengths": [L], "examples": {"train": 40, "valid": 8, "test": 8}, "d_model": 16,
-                             "models": [{"mechanisms": ["rope"], "layers": 1}], "training": {"steps": 2, "batch_size": 4}})
+                             "models": [{"mechanisms": ["rope"], "layers": 1}],
+                             "training": {"steps": 2, "batch_size": 4}})
     cell, marker = sweep.cells[0], tmp_path / "marker"
     path = plant(tmp_path / "cells" / cell.id, marker)
     before = path.read_bytes()
@@ -141,12 +144,14 @@ def test_a_cell_checkpoint_carrying_a_pickle_payload_is_refused_unrun(tmp_path: 
 def test_a_locked_cell_folder_is_refused_before_anything_is_written(tmp_path: Path) -> None:
     """Another process holds the cell folder: the loop and the compare cell each get one
     PositionError naming it, and write nothing there."""
-    from posattn.tasks.compare import run_cell, validate_config
     from runtime.holder import Holder
+
+    from posattn.tasks.compare import run_cell, validate_config
 
     sweep = validate_config({"task": "mqar", "task_params": {"num_kv_pairs": 2}, "vocab_size": V, "train_length": L,
                              "test_lengths": [L], "examples": {"train": 40, "valid": 8, "test": 8}, "d_model": 16,
-                             "models": [{"mechanisms": ["rope"], "layers": 1}], "training": {"steps": 2, "batch_size": 4}})
+                             "models": [{"mechanisms": ["rope"], "layers": 1}],
+                             "training": {"steps": 2, "batch_size": 4}})
     folder = tmp_path / "cells" / sweep.cells[0].id
     with Holder(folder) as pid:
         with pytest.raises(PositionError, match=f"is in use by another run \\(process {pid}\\)"):

@@ -12,7 +12,7 @@ from posattn.errors import PositionError
 from posattn.text.corpus import build_corpus
 from posattn.train import lm_eval
 from posattn.train.config import parse
-from posattn.train.lm_eval import length_sweep, subject, length_scaled_config, write_report
+from posattn.train.lm_eval import length_scaled_config, length_sweep, subject, write_report
 from posattn.train.pretrain import pretrain
 
 from .conftest import make_documents, tiny
@@ -62,7 +62,8 @@ def test_command_writes_report_and_plots(runs, tmp_path, capsys):
                  "--out", str(tmp_path / "e"), "--no-progress"]) == 0
     rows = json.loads((tmp_path / "e" / "lengths.json").read_text())
     assert [r["kind"] for r in rows] == ["decoder", "encoder"]
-    assert (tmp_path / "e" / "perplexity_vs_length.png").exists() and (tmp_path / "e" / "mlm_loss_vs_length.png").exists()
+    assert (tmp_path / "e" / "perplexity_vs_length.png").exists()
+    assert (tmp_path / "e" / "mlm_loss_vs_length.png").exists()
     assert "| rope |" in capsys.readouterr().out
 
 

@@ -10,7 +10,8 @@ from posattn.errors import PositionError
 from posattn.experiments.executors import LocalExecutor
 from posattn.models.io import load
 from posattn.text.corpus import build_corpus
-from posattn.train.config import PretrainConfigError, load as load_config, parse
+from posattn.train.config import PretrainConfigError, parse
+from posattn.train.config import load as load_config
 from posattn.train.pretrain import CHECKPOINT, pretrain
 
 from .conftest import make_documents, read_weights, tiny
@@ -240,7 +241,8 @@ def test_recipe_workers_share_one_default_corpus(corpus, tmp_path, monkeypatch):
     built = open_corpus(pretrain_module.DEFAULT_CORPUS)
     assert built.meta["splits"]["train"]["documents"] == sum(split_of(d) == "train" for d in make_documents(60))
     for label in ("abs", "t5"):
-        assert json.loads((tmp_path / "out" / label / "pretrain.json").read_text())["corpus_fingerprint"] == built.fingerprint
+        record = json.loads((tmp_path / "out" / label / "pretrain.json").read_text())
+        assert record["corpus_fingerprint"] == built.fingerprint
 
 
 def test_a_recipe_trained_in_parts_reports_every_finished_run(corpus, tmp_path):
