@@ -18,9 +18,10 @@ from tqdm.auto import tqdm
 
 from ..claims import parse_claims
 from ..errors import PositionError
+from ..experiments import config as config_loader
+from ..experiments.config import ConfigError, is_int
 from ..experiments.executors import Executor, LocalExecutor, NotStarted, block_problems
 from ..runtime.files import name_problem, write_json_atomic
-from ..tasks import compare
 from .report import write_plots, write_report
 from .run import (
     Cell,
@@ -69,10 +70,6 @@ Adam eps 1e-6; the best validation evaluation is kept (patience: stop after that
 without improvement; null = train all epochs)."""
 
 
-class ConfigError(PositionError):
-    """A finetune config is invalid; the message lists every problem found."""
-
-
 def schema_text() -> str:
     training = ", ".join(f"{k}={v}" for k, v in asdict(FinetuneConfig()).items() if k != "seed")
     return SCHEMA.format(offline=", ".join(OFFLINE_SUITE), glue=", ".join(GLUE_SUITE), training=training)
@@ -80,13 +77,12 @@ def schema_text() -> str:
 
 def builtin_configs() -> list[str]:
     """Names of the configs shipped in ``posattn/finetune/configs``."""
-    return compare.builtin_configs("posattn.finetune")
+    return config_loader.builtin_configs("posattn.finetune")
 
 
 def load_config(source: str | Path | dict | None = None) -> dict[str, Any]:
     """A raw config from a YAML path, a built-in name, a dict or None (the default ``offline`` suite)."""
-    return compare.load_config(source, package="posattn.finetune", default=DEFAULT_CONFIG, error=ConfigError,
-                               keys=TOP_KEYS)
+    return config_loader.load_config(source, package="posattn.finetune", default=DEFAULT_CONFIG, keys=TOP_KEYS)
 
 
 @dataclass(frozen=True)
@@ -101,10 +97,6 @@ class Suite:
     cell_store: str | None = None        # None: <out>/cells
 
 
-def _is_int(value: Any, low: int = 1) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= low
-
-
 def _training(overrides: Any, where: str, errors: list[str]) -> dict[str, Any]:
     if overrides is None:
         return {}
@@ -117,9 +109,9 @@ def _training(overrides: Any, where: str, errors: list[str]) -> dict[str, Any]:
     good = {k: v for k, v in overrides.items() if k in TRAINING_KEYS}
     for key, value in good.items():
         if key == "patience":
-            ok = value is None or _is_int(value)
+            ok = value is None or is_int(value)
         elif key in ("batch_size", "evals_per_epoch", "eval_batch_size"):
-            ok = _is_int(value)
+            ok = is_int(value)
         else:
             ok = isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0
             ok = ok and (value > 0 or key in ("warmup", "weight_decay", "dropout", "grad_clip"))
@@ -183,7 +175,7 @@ def _max_seq_len(raw: dict[str, Any], ckpt: dict[str, Any], errors: list[str]) -
     cfg, asked = ckpt["config"], raw.get("max_seq_len")
     if asked is None:
         return int(cfg["max_len"])
-    if not _is_int(asked, 4):
+    if not is_int(asked, 4):
         errors.append(f"max_seq_len must be an integer >= 4 or null, got {asked!r}")
         return int(cfg["max_len"])
     if asked > cfg["max_len"]:
@@ -204,13 +196,13 @@ def validate_config(raw: dict[str, Any]) -> Suite:
         errors.append(unsafe)
     tasks = _tasks(raw, errors)
     seeds = raw.get("seeds", [0, 1, 2])
-    seeds = list(range(seeds)) if _is_int(seeds) else seeds
-    if not isinstance(seeds, list) or not seeds or not all(_is_int(s, 0) for s in seeds):
+    seeds = list(range(seeds)) if is_int(seeds) else seeds
+    if not isinstance(seeds, list) or not seeds or not all(is_int(s, 0) for s in seeds):
         errors.append(f"seeds must be a positive integer or a list of integers >= 0, got {raw.get('seeds')!r}")
         seeds = [0]
     caps = {k: raw.get(k) for k in ("max_train", "max_eval")}
     for k, v in caps.items():
-        if v is not None and not _is_int(v, 2):
+        if v is not None and not is_int(v, 2):
             errors.append(f"{k} must be an integer >= 2 or null, got {v!r}")
             caps[k] = None
     shared = _training(raw.get("training"), "training", errors)

@@ -13,7 +13,6 @@ import hashlib
 import json
 import textwrap
 from dataclasses import asdict, dataclass, fields, replace
-from importlib import resources
 from itertools import product
 from pathlib import Path
 from typing import Any
@@ -24,6 +23,8 @@ from tqdm.auto import tqdm
 
 from posattn.claims import parse_claims
 from posattn.errors import PositionError
+from posattn.experiments import config as config_loader
+from posattn.experiments.config import ConfigError, is_int
 from posattn.experiments.executors import Executor, LocalExecutor, NotStarted, block_problems
 from posattn.mechanisms import registry
 from posattn.models import build_model, load, save
@@ -88,10 +89,6 @@ A model that cannot run a test length (e.g. `absolute` beyond max_len) gets null
 with the reason in the report."""
 
 
-class ConfigError(PositionError):
-    """A compare config is invalid; the message lists every problem found."""
-
-
 def schema_text() -> str:
     """:data:`SCHEMA` filled in with the valid tasks, task options, mechanisms and training keys."""
     mechanisms = textwrap.fill("valid names: " + ", ".join(registry.names()), 96,
@@ -103,37 +100,14 @@ def schema_text() -> str:
     return SCHEMA.format(tasks=", ".join(TASKS), task_params=task_lines, mechanisms=mechanisms, training=training)
 
 
-def builtin_configs(package: str = "posattn.tasks") -> list[str]:
-    """Names of the configs shipped in ``<package>/configs`` (default: ``posattn/tasks/configs``)."""
-    folder = resources.files(package) / "configs"
-    return sorted(p.name[:-5] for p in folder.iterdir() if p.name.endswith(".yaml"))
+def builtin_configs() -> list[str]:
+    """Names of the configs shipped in ``posattn/tasks/configs``."""
+    return config_loader.builtin_configs("posattn.tasks")
 
 
-def load_config(source: str | Path | dict | None = None, *, package: str = "posattn.tasks",
-                default: str = DEFAULT_CONFIG, error: type[PositionError] = ConfigError,
-                keys: tuple[str, ...] = TOP_KEYS) -> dict[str, Any]:
-    """A raw config from a YAML path, a built-in name of ``package`` (see :func:`builtin_configs`), a dict
-    or ``None`` (``default``); problems raise ``error`` (other sweeps pass their package, default and keys)."""
-    if isinstance(source, dict):
-        return dict(source)
-    name = default if source is None else str(source)
-    path = Path(name)
-    if path.is_file():
-        text, stem = path.read_text(), path.stem
-    elif name.removesuffix(".yaml") in builtin_configs(package):
-        stem = name.removesuffix(".yaml")
-        text = (resources.files(package) / "configs" / f"{stem}.yaml").read_text()
-    else:
-        raise error(f"config {name!r} is neither a file nor a built-in config; "
-                    f"built-in configs: {', '.join(builtin_configs(package))}")
-    try:
-        raw = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        raise error(f"config {name}: not valid YAML: {e}") from None
-    if not isinstance(raw, dict):
-        raise error(f"config {name}: the top level must be a mapping of keys ({', '.join(keys)})")
-    raw.setdefault("name", stem)
-    return raw
+def load_config(source: str | Path | dict | None = None) -> dict[str, Any]:
+    """A raw config from a YAML path, a built-in name, a dict or None (the ``default`` sweep)."""
+    return config_loader.load_config(source, package="posattn.tasks", default=DEFAULT_CONFIG, keys=TOP_KEYS)
 
 
 @dataclass(frozen=True)
@@ -188,10 +162,6 @@ def _as_list(value: Any) -> list[Any]:
     return list(value) if isinstance(value, (list, tuple)) else [value]
 
 
-def _is_int(value: Any, low: int = 1) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= low
-
-
 def _label(mechanisms: list[Any], layers: int, label: str | None, several_depths: bool) -> str:
     names = "+".join(m if isinstance(m, str) else str(m.get("name")) for m in mechanisms)
     if label is None:
@@ -210,14 +180,14 @@ def _task_params(task: str, params: dict[str, Any], train_length: int) -> dict[s
 def _lengths(raw: dict[str, Any], errors: list[str]) -> tuple[list[int], dict[int, list[int]]]:
     """Training lengths and, per training length, the sorted test lengths."""
     train_lengths = _as_list(raw.get("train_length", 64))
-    if not all(_is_int(n, 2) for n in train_lengths):
+    if not all(is_int(n, 2) for n in train_lengths):
         errors.append(f"train_length must be an integer >= 2 or a list of them, got {raw.get('train_length')!r}")
         train_lengths = [64]
     if "test_lengths" in raw and "test_multipliers" in raw:
         errors.append("give test_lengths or test_multipliers, not both")
     if "test_lengths" in raw:
         lengths = _as_list(raw["test_lengths"])
-        if not lengths or not all(_is_int(n, 2) for n in lengths):
+        if not lengths or not all(is_int(n, 2) for n in lengths):
             errors.append(f"test_lengths must be a non-empty list of integers >= 2, got {raw['test_lengths']!r}")
             lengths = train_lengths[:1]
         return train_lengths, {n: sorted(set(lengths)) for n in train_lengths}
@@ -239,7 +209,7 @@ def _training(raw: dict[str, Any], errors: list[str]) -> tuple[TrainConfig, list
     try:
         base = TrainConfig(**training)
         for key in ("steps", "batch_size", "eval_every", "eval_batch_size"):
-            if not _is_int(getattr(base, key)):
+            if not is_int(getattr(base, key)):
                 raise TypeError(f"{key} must be a positive integer, got {getattr(base, key)!r}")
         if not all(isinstance(lr, (int, float)) and lr > 0 for lr in lrs):
             raise TypeError(f"lr must be a positive number or a list of them, got {lrs!r}")
@@ -277,7 +247,7 @@ def _model_specs(raw: dict[str, Any], errors: list[str], train_length: int, long
                           f"valid mechanisms: {', '.join(valid_names)}")
             continue
         depths = _as_list(entry.get("layers", 2))
-        if not all(_is_int(d) for d in depths):
+        if not all(is_int(d) for d in depths):
             errors.append(f"{where}: layers must be a positive integer or a list of them, got {entry.get('layers')!r}")
             continue
         settings = {k: entry.get(k, defaults[k]) for k in MODEL_DEFAULTS}
@@ -316,21 +286,21 @@ def validate_config(raw: dict[str, Any]) -> Sweep:
     if "kv_density" in task_params and "num_kv_pairs" in task_params:
         errors.append("task_params: give num_kv_pairs or kv_density, not both")
     vocab = raw.get("vocab_size", 64)
-    if not _is_int(vocab, 3):
+    if not is_int(vocab, 3):
         errors.append(f"vocab_size must be an integer >= 3, got {vocab!r}")
         vocab = 64
     train_lengths, test_lengths = _lengths(raw, errors)
     examples = {**EXAMPLE_DEFAULTS, **(raw.get("examples") or {})}
-    if set(examples) != set(EXAMPLE_DEFAULTS) or not all(_is_int(v) for v in examples.values()):
+    if set(examples) != set(EXAMPLE_DEFAULTS) or not all(is_int(v) for v in examples.values()):
         errors.append(f"examples must map train/valid/test to positive integers, got {raw.get('examples')!r}")
         examples = dict(EXAMPLE_DEFAULTS)
     data_seed = raw.get("data_seed", 0)
     seeds = _as_list(raw.get("seeds", [0]))
-    if not _is_int(data_seed, 0) or not seeds or not all(_is_int(s, 0) for s in seeds):
+    if not is_int(data_seed, 0) or not seeds or not all(is_int(s, 0) for s in seeds):
         errors.append(f"data_seed and seeds must be integers >= 0, got {data_seed!r} and {raw.get('seeds')!r}")
         data_seed, seeds = 0, [0]
     widths = _as_list(raw.get("d_model", 64))
-    if not all(_is_int(d) for d in widths):
+    if not all(is_int(d) for d in widths):
         errors.append(f"d_model must be a positive integer or a list of them, got {raw.get('d_model')!r}")
         widths = [64]
     base, lrs = _training(raw, errors)
@@ -375,7 +345,7 @@ def _check_at(at: dict[str, Any], train_lengths: list[int], widths: list[int]) -
         bad.append(f"d_model {at['d_model']!r} is not one of the sweep's {widths}")
     if "train_length" in at and at["train_length"] not in train_lengths:
         bad.append(f"train_length {at['train_length']!r} is not one of the sweep's {train_lengths}")
-    if "length" in at and not (_is_int(at["length"]) or at["length"] in ("train", "longest")):
+    if "length" in at and not (is_int(at["length"]) or at["length"] in ("train", "longest")):
         bad.append(f"length must be an integer, train or longest, got {at['length']!r}")
     return bad
 

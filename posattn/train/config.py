@@ -16,6 +16,8 @@ import yaml
 
 from .. import schedule
 from ..errors import PositionError
+from ..experiments import config as config_loader
+from ..experiments.config import ConfigError, is_int
 from ..mechanisms import Dims, validate
 from ..models.config import ModelConfig
 from ..runtime.files import name_problem
@@ -32,10 +34,6 @@ PRESETS: dict[str, dict[str, Any]] = {
     "base": {"d_model": 768, "n_layers": 12, "n_heads": 12, "d_ff": 3072, "max_len": 128},
 }
 MODEL_KEYS = tuple(f.name for f in fields(ModelConfig) if f.name not in ("vocab_size", "mechanisms", "n_classes"))
-
-
-class PretrainConfigError(PositionError):
-    """A pretraining config is invalid; the message lists every problem."""
 
 
 @dataclass
@@ -104,7 +102,7 @@ class PretrainConfig:
 
 
 def parse(data: dict[str, Any], where: str = "config") -> PretrainConfig:
-    """A validated :class:`PretrainConfig`; one :class:`PretrainConfigError` lists every problem."""
+    """A validated :class:`PretrainConfig`; one :class:`ConfigError` lists every problem."""
     problems: list[str] = []
     valid = {f.name for f in fields(PretrainConfig)}
     problems += [f"unknown key {k!r}" for k in sorted(set(data) - valid)]
@@ -112,7 +110,7 @@ def parse(data: dict[str, Any], where: str = "config") -> PretrainConfig:
     try:
         cfg = PretrainConfig(**known)
     except TypeError as e:
-        raise PretrainConfigError(f"{where}: {e}") from None
+        raise ConfigError(f"{where}: {e}") from None
     if cfg.objective not in OBJECTIVES:
         problems.append(f"objective must be one of {', '.join(OBJECTIVES)}, got {cfg.objective!r}")
     if cfg.preset not in PRESETS:
@@ -126,7 +124,7 @@ def parse(data: dict[str, Any], where: str = "config") -> PretrainConfig:
                      for k in sorted(set(cfg.model) - set(MODEL_KEYS))]
     for key in ("steps", "batch_size", "grad_accum", "eval_every", "eval_sequences", "checkpoint_every", "log_every"):
         value = getattr(cfg, key)
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        if not is_int(value):
             problems.append(f"{key} must be a positive integer, got {value!r}")
     for key, lo, hi in (("lr", 0, 1), ("mask_prob", 0, 1), ("dropout", -1e-12, 1), ("weight_decay", -1e-12, 10)):
         value = getattr(cfg, key)
@@ -146,20 +144,21 @@ def parse(data: dict[str, Any], where: str = "config") -> PretrainConfig:
         except PositionError as e:
             problems.append(str(e))
     if problems:
-        raise PretrainConfigError(f"{where}: " + "; ".join(problems))
+        raise ConfigError(f"{where}: " + "; ".join(problems))
     return cfg
 
 
 def builtin_configs() -> list[str]:
     """Names of the recipes shipped in ``posattn/train/configs``."""
-    folder = resources.files("posattn.train") / "configs"
-    return sorted(p.name[:-5] for p in folder.iterdir() if p.name.endswith(".yaml"))
+    return config_loader.builtin_configs("posattn.train")
 
 
 def load(source: str | Path | dict | None) -> tuple[str, list[tuple[str, PretrainConfig]]]:
     """(recipe name, [(label, config)]) from a YAML file, a built-in name, a dict or None (default).
 
     A plain config gives one run labelled by its name; a recipe (``runs:``) gives one per entry."""
+    # Not experiments.config.load_config: None means no file (not a built-in default), an empty file is
+    # the default config, and the messages name recipes and the file as given.
     if isinstance(source, dict):
         raw, where = dict(source), "config"
     elif source is None:
@@ -171,27 +170,27 @@ def load(source: str | Path | dict | None) -> tuple[str, list[tuple[str, Pretrai
         elif name in builtin_configs():
             text, where = (resources.files("posattn.train") / "configs" / f"{name}.yaml").read_text(), name
         else:
-            raise PretrainConfigError(f"config {source!r} is neither a file nor a built-in recipe; "
-                                      f"built-in recipes: {', '.join(builtin_configs())}")
+            raise ConfigError(f"config {source!r} is neither a file nor a built-in recipe; "
+                              f"built-in recipes: {', '.join(builtin_configs())}")
         try:
             raw = yaml.safe_load(text) or {}
         except yaml.YAMLError as e:
-            raise PretrainConfigError(f"{where}: not valid YAML: {e}") from None
+            raise ConfigError(f"{where}: not valid YAML: {e}") from None
         if not isinstance(raw, dict):
-            raise PretrainConfigError(f"{where}: the top level must be a mapping of config keys")
+            raise ConfigError(f"{where}: the top level must be a mapping of config keys")
         raw.setdefault("name", path.stem if path.is_file() else name)
     runs = raw.pop("runs", None)
     unsafe = name_problem(raw.get("name", PretrainConfig.name), f"{where}: name")   # names the output folder
     if unsafe:
-        raise PretrainConfigError(unsafe)
+        raise ConfigError(unsafe)
     if runs is None:
         cfg = parse(raw, where)
         return cfg.name, [(cfg.name, cfg)]
     if not isinstance(runs, list) or not runs or not all(isinstance(r, dict) and "label" in r for r in runs):
-        raise PretrainConfigError(f"{where}: runs must be a non-empty list of mappings, each with a label")
+        raise ConfigError(f"{where}: runs must be a non-empty list of mappings, each with a label")
     labels = [r["label"] for r in runs]
     if len(set(labels)) != len(labels):
-        raise PretrainConfigError(f"{where}: run labels must be unique, got {labels}")
+        raise ConfigError(f"{where}: run labels must be unique, got {labels}")
     out, problems = [], [p for label in labels if (p := name_problem(label, f"{where}: run label"))]
     for r in runs:
         entry = {**raw, **{k: v for k, v in r.items() if k != "label"},
@@ -200,10 +199,10 @@ def load(source: str | Path | dict | None) -> tuple[str, list[tuple[str, Pretrai
             entry["model"] = {**raw["model"], **r["model"]}
         try:
             out.append((str(r["label"]), parse(entry, f"{where}, run {r['label']!r}")))
-        except PretrainConfigError as e:
+        except ConfigError as e:
             problems.append(str(e))
     if problems:
-        raise PretrainConfigError("\n".join(problems))
+        raise ConfigError("\n".join(problems))
     return str(raw.get("name", "recipe")), out
 
 

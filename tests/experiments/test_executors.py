@@ -310,7 +310,8 @@ def test_a_requeued_array_task_runs_its_whole_shard_again():
 
 
 def test_a_bad_executor_block_is_one_of_the_config_problems():
-    from posattn.tasks.compare import ConfigError, validate_config
+    from posattn.experiments.config import ConfigError
+    from posattn.tasks.compare import validate_config
 
     with pytest.raises(ConfigError, match=r"(?s)unknown key\(s\) colour.*executor: unknown key\(s\) gpus"):
         validate_config({**TINY_SWEEP, "colour": "red", "executor": {"gpus": 1}})

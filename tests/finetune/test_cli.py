@@ -6,10 +6,11 @@ import json
 import pytest
 
 from posattn import cli
+from posattn.experiments.config import ConfigError
 from posattn.finetune import run as run_mod
 from posattn.finetune import suite as suite_mod
 from posattn.finetune.cli import register
-from posattn.finetune.suite import ConfigError, load_config, validate_config
+from posattn.finetune.suite import load_config, validate_config
 from posattn.finetune.tasks import TaskError
 
 from .glue_files import write_glue

@@ -7,11 +7,12 @@ import pytest
 import torch
 
 from posattn.errors import PositionError
+from posattn.experiments.config import ConfigError
 from posattn.experiments.executors import LocalExecutor
 from posattn.models.io import load
 from posattn.text.corpus import build_corpus
-from posattn.train.config import PretrainConfigError, parse
 from posattn.train.config import load as load_config
+from posattn.train.config import parse
 from posattn.train.pretrain import CHECKPOINT, pretrain
 
 from .conftest import make_documents, read_weights, tiny
@@ -178,16 +179,16 @@ def test_changed_config_or_corpus_is_refused(corpus, tmp_path):
 
 
 def test_config_errors_are_listed_together(corpus):
-    with pytest.raises(PretrainConfigError) as e:
+    with pytest.raises(ConfigError) as e:
         parse({"objective": "mlmm", "steps": 0, "lrr": 1, "model": {"widht": 3}})
     text = str(e.value)
     for part in ("unknown key 'lrr'", "objective must be one of mlm, clm", "steps must be a positive integer"):
         assert part in text
-    with pytest.raises(PretrainConfigError, match="model.widht: unknown field"):
+    with pytest.raises(ConfigError, match="model.widht: unknown field"):
         parse({"model": {"widht": 3}})
-    with pytest.raises(PretrainConfigError, match="unknown mechanism"):
+    with pytest.raises(ConfigError, match="unknown mechanism"):
         parse({"mechanisms": ["rope2"]})
-    with pytest.raises(PretrainConfigError, match="built-in recipes"):
+    with pytest.raises(ConfigError, match="built-in recipes"):
         load_config("no_such_recipe")
 
 
