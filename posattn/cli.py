@@ -10,7 +10,7 @@ from .errors import PositionError
 from .heap import keep_freed_memory
 
 AREAS = ["posattn.tasks.cli", "posattn.train.cli", "posattn.bench.cli", "posattn.analysis.cli", "posattn.finetune.cli",
-         "posattn.experiments.cli"]
+         "posattn.experiments.cli", "posattn.studies"]
 
 
 def mechanisms_command(args: argparse.Namespace) -> None:

@@ -1,4 +1,4 @@
-"""``posattn bench``: the command line of :mod:`posattn.bench`."""
+"""``posattn bench`` and ``posattn bench-decode``: the command line of :mod:`posattn.bench`."""
 from __future__ import annotations
 
 import argparse
@@ -13,6 +13,8 @@ import torch
 from ..attention.fast import Policy
 from ..errors import PositionError
 from ..mechanisms import get
+from ..runtime.files import write_json_atomic
+from . import decode
 from .cases import Sizes, parse_mechanisms
 from .models import DEFAULT_MECHANISMS, HF_MODELS, MODEL_LENGTHS, MODEL_SIZES, model_name, model_rows
 from .peers import skipped as skipped_peers
@@ -74,6 +76,18 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", type=Path, default=Path("runs/bench"), help="folder for table, plot and JSON")
     p.add_argument("--json", type=Path, help="also write the rows to this JSON file")
     p.set_defaults(func=bench_command)
+
+    p = sub.add_parser("bench-decode", help="cached (incremental) decoding against recomputing the prefix",
+                       description=decode.__doc__.split("\n\n")[0])
+    p.add_argument("-n", type=int, nargs="+", default=[512, 2048], help="context lengths")
+    p.add_argument("-m", nargs="+", default=["none", "rope", "alibi", "t5", "tisa", "cat"], help="mechanisms")
+    p.add_argument("--new", type=int, default=16, help="new tokens per measurement")
+    p.add_argument("--d-model", type=int, default=256)
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--out", type=Path, default=Path("runs/bench-decode"))
+    p.set_defaults(func=decode_command)
 
 
 def _first(*values: int | None) -> int:
@@ -191,3 +205,21 @@ def bench_command(args: argparse.Namespace) -> None:
         for r in rows:
             if "error" in r:
                 print(f"  {r['mechanism']} ({r['kind']}, n={r['n']}): {r['error']}")
+
+
+def decode_command(args: argparse.Namespace) -> None:
+    """``posattn bench-decode``: :func:`posattn.bench.decode.decode_speed`, its JSON, plot and table."""
+    for name in args.m:
+        get(name)
+    if args.new < 2 or min(args.n) <= args.new:
+        raise PositionError(f"bench-decode: need --new >= 2 and every length -n above it, got --new {args.new} "
+                            f"and -n {' '.join(map(str, args.n))}")
+    rows = decode.decode_speed(args.m, args.n, args.new, args.d_model, args.layers, args.heads, args.device)
+    args.out.mkdir(parents=True, exist_ok=True)
+    report = {"device": args.device, "d_model": args.d_model, "layers": args.layers, "heads": args.heads,
+              "rows": rows}
+    write_json_atomic(args.out / "decode.json", report, indent=2)
+    decode.plot(rows, args.out / "decode.png")
+    for r in rows:
+        print(f"{r['mechanism']:10s} n={r['n']:5d}  cached {r['cached_tokens_per_s']:8.1f} tok/s  "
+              f"recompute {r['recompute_tokens_per_s']:8.1f} tok/s  x{r['speedup']:.1f}  same={r['same_tokens']}")

@@ -1,6 +1,6 @@
 """Speed of cached (incremental) decoding against recomputing the prefix for every new token.
 
-    python -m posattn.bench.decode [-n 512 2048] [-m none rope alibi tisa cat] [--new 16] [--out DIR]
+    posattn bench-decode [-n 512 2048] [-m none rope alibi tisa cat] [--new 16] [--out DIR]
 
 For each mechanism and context length n, a decoder (``--d-model``, ``--layers``, ``--heads``)
 gets a random prompt of n − new tokens and then produces ``--new`` tokens greedily, twice:
@@ -11,8 +11,6 @@ prefill is timed separately. Writes ``decode.json`` and ``decode.png`` to ``--ou
 """
 from __future__ import annotations
 
-import argparse
-import json
 import time
 from pathlib import Path
 from typing import Any
@@ -88,28 +86,3 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
-
-
-def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m posattn.bench.decode", description=__doc__.split("\n\n")[0])
-    p.add_argument("-n", type=int, nargs="+", default=[512, 2048], help="context lengths")
-    p.add_argument("-m", nargs="+", default=["none", "rope", "alibi", "t5", "tisa", "cat"], help="mechanisms")
-    p.add_argument("--new", type=int, default=16, help="new tokens per measurement")
-    p.add_argument("--d-model", type=int, default=256)
-    p.add_argument("--layers", type=int, default=4)
-    p.add_argument("--heads", type=int, default=4)
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--out", type=Path, default=Path("runs/bench-decode"))
-    a = p.parse_args(argv)
-    rows = decode_speed(a.m, a.n, a.new, a.d_model, a.layers, a.heads, a.device)
-    a.out.mkdir(parents=True, exist_ok=True)
-    report = {"device": a.device, "d_model": a.d_model, "layers": a.layers, "heads": a.heads, "rows": rows}
-    (a.out / "decode.json").write_text(json.dumps(report, indent=2))
-    plot(rows, a.out / "decode.png")
-    for r in rows:
-        print(f"{r['mechanism']:10s} n={r['n']:5d}  cached {r['cached_tokens_per_s']:8.1f} tok/s  "
-              f"recompute {r['recompute_tokens_per_s']:8.1f} tok/s  x{r['speedup']:.1f}  same={r['same_tokens']}")
-
-
-if __name__ == "__main__":
-    main()

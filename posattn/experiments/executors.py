@@ -1,5 +1,5 @@
 """Executors: where a sweep's cells run. One interface, :meth:`Executor.map`, for every sweep command
-(``posattn compare``, ``finetune``, ``pretrain RECIPE``, ``posattn.hf.table3``).
+(``posattn compare``, ``finetune``, ``pretrain RECIPE``, ``study table3``).
 
 ``map(fn, jobs, labels, read=...)`` calls ``fn(job, in_worker)`` for every job and yields, in job
 order, each job's result, or :class:`NotStarted` for a job that the time budget kept from starting.

@@ -11,7 +11,7 @@ Four kinds of run folder exist, each read here into one :class:`Run`:
 - a ``posattn pretrain`` run (``pretrain.json``, ``result.json``, ``metrics.jsonl``) or recipe
   (one such folder per run label): a cell is a run, its id is its label, and its record holds
   the run's config and its metrics history;
-- the TISA Table 3 study (``python -m posattn.hf.table3``): ``cells/<variant>-<task>-<seed>.json``
+- the TISA Table 3 study (``posattn study table3``): ``cells/<variant>-<task>-<seed>.json``
   and ``results.json`` (its ``protocol`` says how many tasks and seeds it has).
 
 Only small result files are read: no model, checkpoint or tensor file is opened.
@@ -168,7 +168,7 @@ def _table3(folder: Path) -> Run:
     seeds = int(match["seeds"]) if match else None
     first = next(iter(cells.values()))
     training = first.get("training", {})
-    command = (f"python -m posattn.hf.table3 --tasks {' '.join(tasks)}"
+    command = (f"posattn study table3 --tasks {' '.join(tasks)}"
                + (f" --seeds {seeds}" if seeds else "")
                + (f" --lr {training['lr']:g} --epochs {training['epochs']:g}" if training else "")
                + f" --out {shlex.quote(str(folder))}")

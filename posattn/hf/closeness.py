@@ -1,6 +1,6 @@
 """How close a retrofitted encoder starts to the pretrained one (TISA App. C's question).
 
-    python -m posattn.hf.closeness [--model minilm] [--kernels 5] [--positions 128] [--out DIR]
+    posattn study closeness [--model minilm] [--kernels 5] [--positions 128] [--out DIR]
 
 On held-out BBC News articles (``posattn.text.sources``: the documents no pretraining run sees),
 each truncated to ``max_tokens`` word pieces with [CLS]/[SEP], it compares the pretrained model's
@@ -18,10 +18,7 @@ embeddings of *different* articles. Writes ``closeness.json`` to ``--out``.
 """
 from __future__ import annotations
 
-import argparse
 import copy
-import json
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -89,22 +86,3 @@ def closeness(model: str = "minilm", n_kernels: int = 5, positions: int = 128, m
         if init != "zero":
             report["variants"][name]["fit_r2_median"] = round(float(np.median(fit.r2)), 4)
     return report
-
-
-def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m posattn.hf.closeness", description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", default="minilm", help="a BERT-family folder, or minilm / mpnet")
-    p.add_argument("--kernels", type=int, default=5)
-    p.add_argument("--positions", type=int, default=128, help="positions of the F̂_P fit")
-    p.add_argument("--max-tokens", type=int, default=128)
-    p.add_argument("--texts", type=int, default=96)
-    p.add_argument("--out", type=Path, default=Path("runs/hf/closeness"))
-    a = p.parse_args(argv)
-    report = closeness(a.model, a.kernels, a.positions, a.max_tokens, a.texts)
-    a.out.mkdir(parents=True, exist_ok=True)
-    (a.out / "closeness.json").write_text(json.dumps(report, indent=2))
-    print(json.dumps(report, indent=2))
-
-
-if __name__ == "__main__":
-    main()

@@ -1,6 +1,6 @@
 """TISA Table 3 on a pretrained transformers encoder, with posattn finetune's tasks and training loop.
 
-    python -m posattn.hf.table3 [--model minilm] [--tasks TASK ...] [--seeds 5] [--out DIR] [--workers N]
+    posattn study table3 [--model minilm] [--tasks TASK ...] [--seeds 5] [--out DIR] [--workers N]
 
 By default: the eight tasks of ``posattn finetune``'s offline suite, ≤ 800 training examples, 2 epochs.
 
@@ -18,7 +18,6 @@ and TISA's Table-3a claims (:data:`CLAIMS`) judged by :mod:`posattn.claims`; ``s
 """
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import statistics
@@ -39,9 +38,7 @@ from ..experiments.executors import (
     Executor,
     LocalExecutor,
     NotStarted,
-    add_executor_options,
     budget_note,
-    executor_from,
 )
 from ..finetune.report import plot_scores, seed_values, suite_scores
 from ..finetune.run import FinetuneConfig, baseline, encoded, finetune, score
@@ -249,24 +246,3 @@ def write(out: Path, cells: list[dict[str, Any]], tasks: list[str], name: str, f
     if plots:
         plot_scores(f"TISA Table 3 on {name}", list(VARIANTS), tasks, finetune_cells(cells), out)
     return result
-
-
-def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m posattn.hf.table3", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default="minilm")
-    p.add_argument("--tasks", nargs="+", default=list(OFFLINE_SUITE), choices=list(TASKS), metavar="TASK")
-    p.add_argument("--seeds", type=int, default=5)
-    p.add_argument("--max-train", type=int, default=800)
-    p.add_argument("--max-eval", type=int, default=500)
-    p.add_argument("--lr", type=float, default=1e-4)
-    p.add_argument("--epochs", type=float, default=2)
-    p.add_argument("--out", type=Path, default=Path("runs/hf/table3"))
-    add_executor_options(p, block=False)
-    a = p.parse_args(argv)
-    run(a.model, a.tasks, a.seeds, a.max_train, a.max_eval, a.lr, a.epochs, a.out, executor=executor_from(a, out=a.out))
-    print((a.out / "report.md").read_text())
-
-
-if __name__ == "__main__":
-    main()

@@ -162,7 +162,7 @@ def test_table3_cells(tmp_path: Path) -> None:
     assert str(added) == "tisa_table3: 1 cell(s) added, 0 already present, 9 unfinished"   # 5 variants x 2 tasks
     [record] = store.load("tisa_table3", tmp_path / "results", kind="cell")
     assert record["id"] == "baseline-word_order-0" and record["result"] == cell
-    assert record["provenance"]["command"] == ("python -m posattn.hf.table3 --tasks word_order sst2 --seeds 1 "
+    assert record["provenance"]["command"] == ("posattn study table3 --tasks word_order sst2 --seeds 1 "
                                                f"--lr 0.0001 --epochs 2 --out {run}")
 
 
