@@ -17,8 +17,6 @@ formed from two runs.
 """
 from __future__ import annotations
 
-import hashlib
-import json
 from pathlib import Path
 from typing import Any
 
@@ -37,14 +35,9 @@ def setup(bench: str, case: str, n: int, batch: int, sizes: Sizes, mode: str, ha
             "hardware": hardware, **{k: getattr(sizes, k) for k in SIZE_FIELDS}}
 
 
-def record_id(key: dict[str, Any]) -> str:
-    """A short stable hash of a setup (the record's file name)."""
-    return hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
-
-
 def missing(recipe: str, keys: list[dict[str, Any]], root: str | Path | None = None) -> list[dict[str, Any]]:
     """The setups of ``keys`` that have no record in the store yet."""
-    return [k for k in keys if not store.record_path(recipe, record_id(k), root).exists()]
+    return [k for k in keys if not store.record_path(recipe, store.content_id(k), root).exists()]
 
 
 SWEEP = "bench"  # the kind of sweep of the bench recipes' recipe.json (posattn.experiments.report)
@@ -67,7 +60,7 @@ def publish_rows(recipe: str, bench: str, rows: list[dict[str, Any]], sizes: Siz
         publish_recipe(recipe, bench, prov, root)
     for row in measured:
         key = setup(bench, row["mechanism"], row["n"], row["batch"], sizes, mode, prov["hardware"])
-        if store.publish(recipe, record_id(key), {**key, "row": row}, prov, root=root):
+        if store.publish(recipe, store.content_id(key), {**key, "row": row}, prov, root=root):
             written += 1
         else:
             kept += 1

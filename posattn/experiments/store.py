@@ -18,6 +18,7 @@ No checkpoints or large files: a record over :data:`MAX_BYTES` is refused.
 from __future__ import annotations
 
 import datetime
+import hashlib
 import json
 import os
 import platform
@@ -31,6 +32,12 @@ ROOT_ENV = "POSATTN_RESULTS"
 KINDS = ("cell", "summary", "recipe")
 RECIPE_ID = "recipe"
 MAX_BYTES = 1 << 20  # one record; the store holds results, not models
+
+
+def content_id(settings: Any) -> str:
+    """A record's id: a short stable hash of the settings that determine its result (JSON with
+    sorted keys, SHA-1, 12 hex digits), so the same cell run anywhere has the same id."""
+    return hashlib.sha1(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:12]
 
 
 def results_root(root: str | Path | None = None) -> Path:

@@ -30,6 +30,7 @@ from tqdm.auto import tqdm
 
 from .. import schedule
 from ..errors import PositionError
+from ..experiments.store import content_id
 from ..models import build_model, save
 from ..models.io import CONFIG, WEIGHTS, read_config
 from ..models.transformer import Encoder
@@ -279,7 +280,7 @@ class Cell:
     def id(self) -> str:
         """Stable short hash of what determines the result (the checkpoint by content, not path)."""
         key = {k: v for k, v in asdict(self).items() if k not in ("label", "checkpoint")}
-        return hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
+        return content_id(key)
 
 
 @lru_cache(maxsize=32)

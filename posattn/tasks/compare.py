@@ -9,7 +9,6 @@ folder gets ``results.json``, ``report.md`` and PNG plots.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import textwrap
 from dataclasses import asdict, dataclass, fields, replace
@@ -26,6 +25,7 @@ from posattn.errors import PositionError
 from posattn.experiments import config as config_loader
 from posattn.experiments.config import ConfigError, is_int
 from posattn.experiments.executors import Executor, LocalExecutor, NotStarted, block_problems
+from posattn.experiments.store import content_id
 from posattn.mechanisms import registry
 from posattn.models import build_model, load, save
 from posattn.runtime.files import name_problem, write_json_atomic
@@ -135,7 +135,7 @@ class Cell:
     @property
     def id(self) -> str:
         """Stable short hash of the cell's settings (the folder name of its outputs)."""
-        return hashlib.sha1(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:12]
+        return content_id(asdict(self))
 
     def model_config(self) -> dict[str, Any]:
         """The ``build_model`` dict of this cell's decoder."""

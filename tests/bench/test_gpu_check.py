@@ -14,7 +14,7 @@ import pytest
 from posattn.bench import gpu_check
 from posattn.bench.cases import Sizes
 from posattn.bench.gpu_check import Driver, Settings, layer_plan, layer_stage, seed_run_folder
-from posattn.bench.store import LAYER_RECIPE, publish_rows, record_id, setup
+from posattn.bench.store import LAYER_RECIPE, publish_rows, setup
 from posattn.errors import PositionError
 from posattn.experiments import store
 
@@ -37,7 +37,7 @@ def test_layer_stage_stores_each_setup_once(tmp_path: Path, monkeypatch: pytest.
     hw = store.hardware("cpu")
     for r in records:
         key = {k: r["result"][k] for k in r["result"] if k != "row"}
-        assert r["id"] == record_id(key) and key["hardware"] == hw and key["n"] == 16 and key["batch"] == 2
+        assert r["id"] == store.content_id(key) and key["hardware"] == hw and key["n"] == 16 and key["batch"] == 2
         assert key["mode"] == "eager" and r["result"]["row"]["train_ms"] > 0
         assert "--kinds layer" in r["provenance"]["command"] and r["provenance"]["date"]
     base = next(r for r in records if r["result"]["case"] == "sdpa")
@@ -62,7 +62,7 @@ def test_rows_with_errors_are_not_stored(tmp_path: Path) -> None:
     assert publish_rows(LAYER_RECIPE, "layer", rows, Sizes(), "eager", prov, tmp_path) == (1, 0)
     assert publish_rows(LAYER_RECIPE, "layer", rows, Sizes(), "eager", prov, tmp_path) == (0, 1)
     key = setup("layer", "t5", 8, 1, Sizes(), "default", prov["hardware"])  # another mode: another setup
-    assert not store.record_path(LAYER_RECIPE, record_id(key), tmp_path).exists()
+    assert not store.record_path(LAYER_RECIPE, store.content_id(key), tmp_path).exists()
 
 
 def test_compiled_runs_put_the_target_mechanisms_at_n_4096_first() -> None:
