@@ -45,6 +45,7 @@ from typing import Any, TypeVar
 import torch
 
 from posattn.errors import CellError, PositionError, cell_failure
+from posattn.experiments.config import is_int
 
 J = TypeVar("J")
 R = TypeVar("R")
@@ -242,7 +243,7 @@ class SlurmExecutor(Executor):
         problems = [f"{name} must be an integer >= {low}, got {value!r}" for name, value, low in
                     [("--gpus-per-task", gpus_per_task, 0), ("--slurm-time", time_minutes, 1),
                      ("--array-parallelism", array_parallelism, 1), ("--threads", threads or 1, 1)]
-                    if not (isinstance(value, int) and not isinstance(value, bool) and value >= low)]
+                    if not is_int(value, low)]
         if problems:
             raise PositionError("slurm executor: " + "; ".join(problems))
         self.submitit = _submitit()

@@ -89,7 +89,7 @@ def read_run(folder: str | Path) -> Run:
 
 
 def _compare(folder: Path, config: dict[str, Any]) -> Run:
-    from posattn.tasks.compare import builtin_configs, load_config, validate_config
+    from posattn.tasks.compare import builtin_configs, load_config, missing_lengths, validate_config
 
     name = str(config.get("name"))
     lengths = config.get("test_lengths") or {}
@@ -98,7 +98,7 @@ def _compare(folder: Path, config: dict[str, Any]) -> Run:
         result = _mapping(read_json(path), path, ("id", "train_length", "accuracy"))
         if result["id"] != path.parent.name:
             raise PositionError(f"{path}: its id {result['id']!r} is not its folder's name")
-        if all(str(n) in result["accuracy"] for n in lengths.get(str(result["train_length"]), [None])):
+        if not missing_lengths(result, lengths.get(str(result["train_length"]), [None])):
             cells[result["id"]] = result
     try:
         total = math.prod(len(config[k]) for k in ("seeds", "train_length", "d_model", "models")) \

@@ -376,7 +376,7 @@ def _saved_result(cell: Cell, out: Path) -> dict | None:
     return json.loads(path.read_text()) if path.exists() else None
 
 
-def _missing_lengths(result: dict | None, lengths: list[int]) -> list[int]:
+def missing_lengths(result: dict | None, lengths: list[int]) -> list[int]:
     """The test lengths ``result`` (None: a cell not trained yet) has no accuracy for."""
     return [n for n in lengths if result is None or str(n) not in result["accuracy"]]
 
@@ -394,7 +394,7 @@ def _run_cell(cell: Cell, test_lengths: list[int], out: Path, device: str, progr
     result_path, model_dir = folder / "result.json", folder / "model"
     folder.mkdir(parents=True, exist_ok=True)
     result = _saved_result(cell, out)
-    missing = _missing_lengths(result, test_lengths)
+    missing = missing_lengths(result, test_lengths)
     if not missing:
         return result
     tcfg = TrainConfig(**cell.training)
@@ -457,7 +457,7 @@ def _read_cell(job: tuple[Cell, list[int], str, str, bool]) -> dict | None:
 def finished_cell(cell: Cell, lengths: list[int], out: Path) -> dict | None:
     """The result of ``cell`` if it is trained and scored at every length in ``lengths``, else None."""
     result = _saved_result(cell, out)
-    return None if _missing_lengths(result, lengths) else result
+    return None if missing_lengths(result, lengths) else result
 
 
 def run_sweep(sweep: Sweep, out: str | Path, executor: Executor | None = None, device: str = "auto",
