@@ -25,7 +25,7 @@ PY="${PYTHON:-python3}"
 SECONDS_LIMIT="${GPU_CHECK_SECONDS:-480}"
 # the driver keeps its own deadline; this is the backstop should it hang (it then loses only the summary)
 timeout --signal=TERM --kill-after=10 "$((${SECONDS_LIMIT%.*} + 20))" \
-    "$PY" -m posattn.bench.gpu_check --out "$OUT"
+    "$PY" -m posattn.cli gpu-check --out "$OUT"
 rc=$?
 echo "gpu_check.sh: exit $rc; $(ls "$OUT" | wc -l) files in $OUT"
 cat "$OUT/summary.txt" 2>/dev/null

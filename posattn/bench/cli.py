@@ -1,4 +1,4 @@
-"""``posattn bench`` and ``posattn bench-decode``: the command line of :mod:`posattn.bench`."""
+"""``posattn bench``, ``posattn bench-decode`` and ``posattn gpu-check``: the command line of :mod:`posattn.bench`."""
 from __future__ import annotations
 
 import argparse
@@ -14,7 +14,7 @@ from ..attention.fast import Policy
 from ..errors import PositionError
 from ..mechanisms import get
 from ..runtime.files import write_json_atomic
-from . import decode
+from . import decode, gpu_check
 from .cases import Sizes, parse_mechanisms
 from .models import DEFAULT_MECHANISMS, HF_MODELS, MODEL_LENGTHS, MODEL_SIZES, model_name, model_rows
 from .peers import skipped as skipped_peers
@@ -88,6 +88,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--out", type=Path, default=Path("runs/bench-decode"))
     p.set_defaults(func=decode_command)
+
+    gpu_check.register(sub)
 
 
 def _first(*values: int | None) -> int:

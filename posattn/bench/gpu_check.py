@@ -362,7 +362,7 @@ class Driver:
                 f"batch={todo[0][0].batch} {', '.join(todo[0][1])}")
 
     def me(self, *args: str) -> list[str]:
-        return [sys.executable, "-m", "posattn.bench.gpu_check", "--out", str(self.s.out), *args]
+        return [sys.executable, "-m", "posattn.cli", "gpu-check", "--out", str(self.s.out), *args]
 
     def run(self) -> None:
         s = self.s
@@ -435,30 +435,27 @@ class Driver:
         write_text_atomic(self.s.out / "summary.txt", "\n".join(lines) + "\n")
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m posattn.bench.gpu_check", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+def command(args: argparse.Namespace) -> None:
+    """``posattn gpu-check``: the whole command, or one measuring stage (the driver's children)."""
+    if not args.out.is_dir():
+        raise PositionError(f"gpu check: --out {args.out} is not a folder")
+    s = Settings.from_env(args.out)
+    if args.stage == "layer_eager":
+        layer_stage(s, "eager", s.out / "layer_bench.json")
+    elif args.stage == "layer_compiled":
+        layer_stage(s, s.compile_mode, s.out / "layer_bench_compiled.json")
+    elif args.stage == "models":
+        model_stage(s, s.out / "model_bench.json")
+    else:
+        Driver(s).run()
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add ``posattn gpu-check`` (what ``scripts/gpu_check.sh`` runs)."""
+    p = sub.add_parser("gpu-check", help="the prepared GPU command: CUDA tests, benchmarks and CAT cells into "
+                       "the results store within one deadline", description=__doc__,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", required=True, type=Path, help="folder for the archive, logs and summary ($OUT)")
     p.add_argument("--stage", choices=["layer_eager", "layer_compiled", "models"],
                    help="run one measuring stage in this process (the driver's children)")
-    args = p.parse_args(argv)
-    try:
-        if not args.out.is_dir():
-            raise PositionError(f"gpu check: --out {args.out} is not a folder")
-        s = Settings.from_env(args.out)
-        if args.stage == "layer_eager":
-            layer_stage(s, "eager", s.out / "layer_bench.json")
-        elif args.stage == "layer_compiled":
-            layer_stage(s, s.compile_mode, s.out / "layer_bench_compiled.json")
-        elif args.stage == "models":
-            model_stage(s, s.out / "model_bench.json")
-        else:
-            Driver(s).run()
-    except PositionError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    p.set_defaults(func=command)
