@@ -3,8 +3,8 @@
 Low-rank terms fold into q/k as on every path; Toeplitz tables, query/key-relative products
 and dense biases are read in ``score_mod``; padding and causality become a block mask, so
 fully hidden blocks are skipped. Gradients reach every captured tensor (FlexAttention
-differentiates through ``score_mod`` on CUDA). Not available on CPU for training (see
-``shared/research/cpu-attention-facts.md``) and not exercised by the tests, which run on CPU.
+differentiates through ``score_mod`` on CUDA). Not available on CPU for training; the CPU
+tests run FlexAttention only in inference, the CUDA tests (``tests/*/test_cuda.py``) train through it.
 """
 from __future__ import annotations
 

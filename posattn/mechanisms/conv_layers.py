@@ -7,12 +7,12 @@
   linear Q/K and/or V projection; kernel 9 as in ConvBERT (Jiang et al. 2020). The linear
   projection's rows for those heads stay in the layer but are never computed (``own_heads``)
   and receive no gradient.
-- ``cat`` (CAT; see shared/cat-paper.md): filters F_q, F_k, F_v convolved along the sequence
+- ``cat`` (CAT: Li, Zhang, Huang, Oymak, arXiv 2407.05591): filters F_q, F_k, F_v convolved along the sequence
   with Q, K, V: Q = F_q ∗ (XW_q), i.e. (F ∗ X)W for a filter shared by channels; causal in a
   decoder, centered in an encoder; optional ℓ2 row-norm of Q and K with a learned temperature.
   Filters start as the identity (a delta at r = 0). One filter per channel by default
   (``depthwise=True``, the "short convolutions" of practice); ``depthwise=False`` shares one
-  scalar filter by all channels, as in CAT's theory (Thm 1). Measured (shared/cat-paper.md,
+  scalar filter by all channels, as in CAT's theory (Thm 1). Measured with posattn (2026-11-23,
   MQNAR at length 64, bigram keys): a shared filter plateaus at 0.79 accuracy with kernel 3 or
   5, per-channel filters reach 1.00 in 200 steps (``lincat``: 1.00 per-channel, 0.48 shared).
   The plateau comes from the sharing, not the kernel length: one scalar pair mixes the two key

@@ -38,7 +38,7 @@ def run_recipe(name: str, runs: list[tuple[str, PretrainConfig]], out: str | Pat
     :class:`~posattn.experiments.executors.LocalExecutor` with workers > 1 trains that many runs at
     once in separate processes (useful on a GPU, where one small model leaves most of the device
     idle); runs its time budget keeps from starting are left for the next invocation. ``only``
-    splits a recipe across sessions or machines: each trains some runs, and the summary grows as
+    splits a recipe over time or machines: each trains some runs, and the summary grows as
     they finish."""
     out, single = Path(out), len(runs) == 1 and runs[0][0] == name
     unknown = sorted(set(only or ()) - {label for label, _ in runs})
