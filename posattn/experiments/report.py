@@ -92,12 +92,10 @@ def _compare(got: Gathered, out: Path | None) -> str:
 
 
 def _finetune(got: Gathered, out: Path | None) -> str:
-    from posattn.finetune.report import report_text, write_plots
+    from posattn.finetune.report import report_text, summarise, write_plots
 
     cells = sorted(got.cells.values(), key=lambda c: (c["seed"], c["label"], c["task"]))
-    summary = {"name": got.recipe, "config": got.config, "cells_total": got.total or len(cells),
-               "cell_seconds": round(sum(c.get("train_seconds", 0) for c in cells), 1),
-               "cell_cpu_seconds": round(sum(c.get("cpu_seconds", 0) for c in cells), 1), "cells": cells}
+    summary = summarise(got.recipe, got.config, cells, got.total or len(cells))
     if out is not None:
         write_json_atomic(out / "results.json", summary)
         write_plots(got.config, summary, out)

@@ -52,6 +52,16 @@ def median(values: list[float]) -> str:
     return f"{statistics.median(values):.1f}" if values else "–"
 
 
+def summarise(name: str, config: dict[str, Any], cells: list[dict], total: int,
+              **extra: Any) -> dict[str, Any]:
+    """The suite's ``results.json``: its config, the cells, how many it has in all, and the
+    training time they took (wall and CPU seconds summed over cells); ``extra`` keys first."""
+    return {"name": name, "config": config, **extra,
+            "cell_seconds": round(sum(c.get("train_seconds", 0) for c in cells), 1),
+            "cell_cpu_seconds": round(sum(c.get("cpu_seconds", 0) for c in cells), 1),
+            "cells_total": total, "cells": cells}
+
+
 def report_text(config: dict[str, Any], summary: dict[str, Any]) -> str:
     """``report.md``: mean ± s.e. and median tables, all metrics, baselines, settings and notes."""
     cfg, cells = config, summary["cells"]

@@ -22,7 +22,7 @@ from ..experiments import config as config_loader
 from ..experiments.config import ConfigError, is_int
 from ..experiments.executors import Executor, LocalExecutor, NotStarted, block_problems
 from ..runtime.files import name_problem, write_json_atomic
-from .report import write_plots, write_report
+from .report import summarise, write_plots, write_report
 from .run import (
     Cell,
     FinetuneConfig,
@@ -311,10 +311,7 @@ def run_suite(suite: Suite, out: str | Path, executor: Executor | None = None, d
 
 
 def _write_summary(suite: Suite, results: list[dict], out: Path, wall: float) -> None:
-    summary = {"name": suite.name, "config": suite.config, "wall_seconds": round(wall, 1),
-               "cell_seconds": round(sum(r["train_seconds"] for r in results), 1),
-               "cell_cpu_seconds": round(sum(r.get("cpu_seconds", 0) for r in results), 1),
-               "cells_total": len(suite.cells), "cells": results}
+    summary = summarise(suite.name, suite.config, results, len(suite.cells), wall_seconds=round(wall, 1))
     write_json_atomic(out / "results.json", summary)
     write_report(suite.config, summary, out)
     write_plots(suite.config, summary, out)
