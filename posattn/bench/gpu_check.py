@@ -41,6 +41,7 @@ from typing import Any
 from ..errors import PositionError
 from ..runtime.files import check_name, write_bytes_atomic, write_json_atomic, write_text_atomic
 from .cases import Sizes, spec_label
+from .report import save_json
 
 STAGES = ("tests", "layer_eager", "layer_compiled", "models", "cat")
 # the longest each stage may take (seconds), within the whole deadline; "cat" takes what is left
@@ -135,7 +136,7 @@ def layer_plan(mechanisms: list[str], shapes: list[tuple[int, int]], group: int 
 
 def _append_rows(path: Path, rows: list[dict[str, Any]]) -> None:
     old = json.loads(path.read_text()) if path.exists() else []
-    write_json_atomic(path, old + rows)
+    save_json(old + rows, path)
 
 
 def _log(msg: str) -> None:

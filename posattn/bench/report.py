@@ -1,13 +1,13 @@
 """Rows, table, plot, JSON, and the issue's targets for ``posattn bench``."""
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from ..mechanisms import cost_classes
+from ..runtime.files import write_json_atomic
 
 # The targets as data, per cost class of the mechanism (``Mechanism.cost_class``; a mechanism
 # whose class has no entry has no target). Issue 4: training-step ratio to plain SDPA at
@@ -132,8 +132,9 @@ def targets(rows: list[dict[str, Any]], matches: dict[str, str]) -> list[str]:
 
 
 def save_json(rows: list[dict[str, Any]], path: Path) -> None:
+    """The rows as a JSON list, written atomically."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(rows, indent=2))
+    write_json_atomic(path, rows, indent=2)
 
 
 PANELS = (("train_ratio", "training step ÷ plain SDPA"), ("infer_ratio", "inference ÷ plain SDPA"),
