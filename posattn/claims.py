@@ -16,7 +16,7 @@ difference that counts against it) or ``within noise``. Per claim: **reproduced*
 relation holds, **not reproduced** when one is contradicted, otherwise **not distinguishable
 at this scale**; **not measured** when a row is missing or has fewer than two seeds.
 A ``compare`` claim may add ``at: {d_model, train_length, length}`` (see
-:mod:`posattn.tasks.report`); it is judged at every setting it covers and :func:`combine`
+:mod:`posattn.synthetic.report`); it is judged at every setting it covers and :func:`combine`
 merges the verdicts.
 """
 from __future__ import annotations

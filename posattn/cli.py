@@ -9,8 +9,8 @@ import sys
 from .errors import PositionError
 from .heap import keep_freed_memory
 
-AREAS = ["posattn.tasks.cli", "posattn.train.cli", "posattn.bench.cli", "posattn.analysis.cli", "posattn.finetune.cli",
-         "posattn.experiments.cli", "posattn.studies"]
+AREAS = ["posattn.synthetic.cli", "posattn.pretrain.cli", "posattn.bench.cli", "posattn.analysis.cli",
+         "posattn.finetune.cli", "posattn.experiments.cli", "posattn.studies"]
 
 
 def mechanisms_command(args: argparse.Namespace) -> None:

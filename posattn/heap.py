@@ -19,7 +19,7 @@ step to step (masked-LM batches score a different number of rows each step) leav
 later blocks do not fit, and the heap keeps growing. A `tiny` masked-LM run (``chang_mlm``,
 batch 128) reached 8.3-8.7 GB resident after 1,000 steps, and three at once were killed for
 memory on a 24 GB machine. :func:`release_freed_memory` (``malloc_trim``) hands the free pages
-back; :func:`~posattn.train.pretrain.pretrain` calls it every :data:`RELEASE_EVERY` steps, which
+back; :func:`~posattn.pretrain.run.pretrain` calls it every :data:`RELEASE_EVERY` steps, which
 held the same run between 2.4 and 2.9 GB for about 1.6% of its time (each release takes 0.25 s
 and the next step 0.8 s longer, as it faults its pages in again).
 """

@@ -55,7 +55,7 @@ SHAPES = [(4096, 16), (512, 16), (128, 16), (512, 64), (128, 64), (4096, 64)]
 COMPILE_FIRST = ["alibi", "t5", "tisa", "fixed_conv", "dynamic_conv", "rope", "absolute", "cat"]
 MODEL_MECHANISMS = ["alibi", "t5", "tisa", "fixed_conv", "dynamic_conv", "composite", "cat"]
 RECIPES = ["cat_fair_ar_length", "cat_fair_mqar", "cat_fair_mqnar", "cat_fair_landmark"]
-TESTS = ["tests/core/test_cuda.py", "tests/train/test_cuda.py"]
+TESTS = ["tests/core/test_cuda.py", "tests/pretrain/test_cuda.py"]
 ARCHIVE = "results.tar.gz"
 
 
@@ -274,7 +274,7 @@ def seed_run_folder(recipe: str, run: Path, root: Path) -> tuple[str, int, int]:
     """Copy the cells of ``recipe`` already in the store into its compare run folder as finished
     cells (so compare skips them); returns (the sweep's name, cells in the store, cells in all)."""
     from ..experiments import store
-    from ..tasks.compare import load_config, validate_config
+    from ..synthetic.compare import load_config, validate_config
 
     sweep = validate_config(load_config(recipe))
     name = check_name(sweep.name, "sweep name")

@@ -10,7 +10,7 @@ dropout 0.1 everywhere as in BERT pretraining). Pairs compared in the same run (
   ``BertForMaskedLM`` (sdpa attention) with the same sizes, dropout, tied decoder and head.
   ``posattn_encoder`` computes what BERT computes (logits at every position);
   ``posattn_mlm`` is the same model trained as ``posattn pretrain`` trains it
-  (:class:`~posattn.train.objective.MaskedLM`: the last block, the head and the logits only at
+  (:class:`~posattn.pretrain.objective.MaskedLM`: the last block, the head and the logits only at
   the masked positions), the same loss up to rounding for less work;
 - posattn :class:`~posattn.models.Decoder` with ``rope`` (all channels rotated, base 10⁴,
   tied embeddings), next-token loss, against ``GPTNeoXForCausalLM`` configured to match
@@ -31,8 +31,8 @@ import torch
 import torch.nn.functional as F
 
 from ..models import Decoder, Encoder, ModelConfig
-from ..train.data import Batch
-from ..train.objective import MaskedLM
+from ..pretrain.data import Batch
+from ..pretrain.objective import MaskedLM
 from .spec import Case, CaseSpec, Sizes, record_paths
 
 MODEL_SIZES = Sizes(heads=4, head_dim=64, batch=32, vocab=30522, layers=12, d_ff=1024, dropout=0.1,

@@ -2,8 +2,8 @@
 
 The cells of ``results/<recipe>/`` and of any run folders given (merged by id; the store's record
 of a cell wins) go through the report code of their kind of sweep, the same functions the sweep
-itself calls: :mod:`posattn.tasks.report` (compare), :mod:`posattn.finetune.report` (fine-tuning
-suites), :mod:`posattn.train.report` (pretraining recipes), :mod:`posattn.hf.table3` and
+itself calls: :mod:`posattn.synthetic.report` (compare), :mod:`posattn.finetune.report` (fine-tuning
+suites), :mod:`posattn.pretrain.report` (pretraining recipes), :mod:`posattn.hf.table3` and
 :mod:`posattn.bench.records` (the GPU benchmark recipes, whose records carry their provenance). A
 recipe known only by summary records (tables whose cells are gone) is rendered from that data by
 :mod:`posattn.experiments.summary`; while its cells are re-run, the summary tables follow the
@@ -78,7 +78,7 @@ def gather(recipe: str, root: str | Path | None = None, runs: list[str | Path] =
 
 
 def _compare(got: Gathered, out: Path | None) -> str:
-    from posattn.tasks.report import report_text, select_lr, write_plots
+    from posattn.synthetic.report import report_text, select_lr, write_plots
 
     results = sorted(copy.deepcopy(list(got.cells.values())),
                      key=lambda r: (r["train_length"], r["d_model"], r["label"], r["lr"], r["seed"]))
@@ -103,7 +103,7 @@ def _finetune(got: Gathered, out: Path | None) -> str:
 
 
 def _pretrain(got: Gathered, out: Path | None) -> str:
-    from posattn.train.report import summary_text, write_summary
+    from posattn.pretrain.report import summary_text, write_summary
 
     order = {label: i for i, label in enumerate(got.config.get("labels", []))}
     results = sorted(got.cells.values(), key=lambda r: (order.get(r["label"], len(order)), r["label"]))

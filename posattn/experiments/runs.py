@@ -89,7 +89,7 @@ def read_run(folder: str | Path) -> Run:
 
 
 def _compare(folder: Path, config: dict[str, Any]) -> Run:
-    from posattn.tasks.compare import builtin_configs, load_config, missing_lengths, validate_config
+    from posattn.synthetic.compare import builtin_configs, load_config, missing_lengths, validate_config
 
     name = str(config.get("name"))
     lengths = config.get("test_lengths") or {}
@@ -130,7 +130,7 @@ def _pretrain_cell(run: Path) -> tuple[str, str, dict[str, Any] | None]:
     """(recipe, label, record) of one pretraining run folder; the record (its result, metrics history
     and config) is None until it has finished. A run of a recipe is named ``recipe/label``; a single
     run's recipe and label are its name."""
-    from posattn.train.report import finished_run
+    from posattn.pretrain.report import finished_run
 
     config = _mapping(read_json(run / "pretrain.json"), run / "pretrain.json", ("name",))
     recipe, _, label = str(config["name"]).rpartition("/")
@@ -139,7 +139,7 @@ def _pretrain_cell(run: Path) -> tuple[str, str, dict[str, Any] | None]:
 
 
 def _pretrain(folder: Path) -> Run:
-    from posattn.train.config import builtin_configs, load
+    from posattn.pretrain.config import builtin_configs, load
 
     single = (folder / "pretrain.json").is_file()
     runs = [folder] if single else sorted(p.parent for p in folder.glob("*/pretrain.json"))

@@ -8,7 +8,7 @@ from pathlib import Path
 import yaml
 
 from ..experiments.executors import budget_note, executor_from
-from ..tasks.cli import add_sweep_options
+from ..synthetic.cli import add_sweep_options
 from .suite import builtin_configs, load_config, run_suite, schema_text, validate_config
 
 DESCRIPTION = """\

@@ -7,7 +7,7 @@ output for regression). The validation split is scored ``evals_per_epoch`` times
 best-scoring weights are kept (early stopping: with ``patience`` the run also stops after that
 many evaluations without improvement) and scored on the test set(s).
 
-Like :func:`posattn.tasks.train.train`, the batch order depends on the seed and the step alone,
+Like :func:`posattn.synthetic.train.train`, the batch order depends on the seed and the step alone,
 and a checkpoint (model, optimizer, RNG state, best weights, history) is written atomically at
 every evaluation, so a resumed run ends with the same weights as an uninterrupted one.
 """

@@ -19,7 +19,7 @@ def resolve_device(device: str | torch.device = "auto") -> torch.device:
 def autocast(precision: str, device: torch.device) -> tuple[contextlib.AbstractContextManager, bool]:
     """The autocast context for ``precision`` on ``device`` and whether fp16 loss scaling is needed.
     ``precision`` is one of ``auto`` (bf16 on a CUDA device that supports it, else fp32), ``fp32``,
-    ``bf16``, ``fp16`` (CUDA only; :mod:`posattn.train.config` validates it)."""
+    ``bf16``, ``fp16`` (CUDA only; :mod:`posattn.pretrain.config` validates it)."""
     if precision == "auto":
         precision = "bf16" if device.type == "cuda" and torch.cuda.is_bf16_supported() else "fp32"
     if precision == "fp32":

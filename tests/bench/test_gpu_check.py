@@ -107,7 +107,7 @@ def test_cells_in_the_store_are_finished_cells_of_the_run(tmp_path: Path) -> Non
                       "train_length: 16\ntest_multipliers: [1]\nexamples: {train: 100, valid: 20, test: 20}\n"
                       "d_model: 16\nn_heads: 2\nd_ff: 0\nmodels:\n  - {mechanisms: [cat], layers: 1}\n"
                       "  - {mechanisms: [rope], layers: 1}\ntraining: {steps: 5, batch_size: 8, lr: 0.003}\n")
-    from posattn.tasks.compare import finished_cell, load_config, validate_config
+    from posattn.synthetic.compare import finished_cell, load_config, validate_config
 
     sweep = validate_config(load_config(str(config)))
     first = sweep.cells[0]

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from posattn.tasks.compare import run_sweep, validate_config
+from posattn.synthetic.compare import run_sweep, validate_config
 
 TINY = {"name": "tiny", "task": "mqar", "task_params": {"num_kv_pairs": 2}, "vocab_size": 16, "train_length": 8,
         "test_lengths": [8, 16], "examples": {"train": 64, "valid": 16, "test": 16}, "d_model": 8, "seeds": [0, 1],

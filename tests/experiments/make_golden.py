@@ -49,7 +49,7 @@ def folder_digest(model_dir: Path) -> str:
 
 def compare_values(root: Path) -> dict[str, Any]:
     """Two models (1-layer cat; 2-layer rope with dropout) on MQAR, 24 steps each."""
-    from posattn.tasks.compare import run_sweep, validate_config
+    from posattn.synthetic.compare import run_sweep, validate_config
 
     out = root / "compare"
     results = run_sweep(validate_config(dict(COMPARE)), out, progress=False)
@@ -62,11 +62,11 @@ def pretrain_values(root: Path) -> dict[str, Any]:
     """Masked LM, 6 steps with dropout and checkpoints every 2 steps, on a corpus of generated text
     tokenised with a fixed vocabulary (a trained tokenizer may break ties differently between runs)."""
     from finetune.helpers import tokenizer
-    from train.conftest import make_documents, tiny
+    from pretrain.conftest import make_documents, tiny
 
+    from posattn.pretrain.config import parse
+    from posattn.pretrain.run import pretrain
     from posattn.text.corpus import build_corpus
-    from posattn.train.config import parse
-    from posattn.train.pretrain import pretrain
 
     tokenizer().save(str(root / "tokenizer.json"))
     corpus = build_corpus(make_documents(), root / "corpus", tokenizer=root / "tokenizer.json")

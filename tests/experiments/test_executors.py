@@ -191,7 +191,7 @@ def test_a_time_limited_sweep_stops_cleanly_and_the_next_run_resumes(tmp_path, m
     """--time-limit: no cell starts after it, the running one finishes, the partial report is
     written, the command says what remains and exits 0; the same command then finishes the rest."""
     from posattn import cli
-    from posattn.tasks import compare
+    from posattn.synthetic import compare
 
     config, out = tmp_path / "tiny.yaml", tmp_path / "out"
     config.write_text(yaml.safe_dump(TINY_SWEEP))
@@ -311,7 +311,7 @@ def test_a_requeued_array_task_runs_its_whole_shard_again():
 
 def test_a_bad_executor_block_is_one_of_the_config_problems():
     from posattn.experiments.config import ConfigError
-    from posattn.tasks.compare import validate_config
+    from posattn.synthetic.compare import validate_config
 
     with pytest.raises(ConfigError, match=r"(?s)unknown key\(s\) colour.*executor: unknown key\(s\) gpus"):
         validate_config({**TINY_SWEEP, "colour": "red", "executor": {"gpus": 1}})
@@ -349,7 +349,7 @@ def test_options_and_the_config_block_choose_the_executor(tmp_path, monkeypatch)
 def test_a_time_limited_pretraining_recipe_stops_between_runs(tmp_path, capsys):
     """A recipe's runs are its cells: past the limit no run starts, the summary says it is partial."""
     # tests/ is on sys.path (pytest's rootdir layout)
-    from train.conftest import make_documents, tiny
+    from pretrain.conftest import make_documents, tiny
 
     from posattn import cli
     from posattn.text.corpus import build_corpus

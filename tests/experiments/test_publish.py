@@ -17,7 +17,7 @@ from posattn.errors import PositionError
 from posattn.experiments import publish, store
 from posattn.experiments.publish import add_run
 from posattn.finetune.suite import validate_config as finetune_config
-from posattn.tasks.compare import validate_config
+from posattn.synthetic.compare import validate_config
 
 
 def test_compare_cells_with_provenance_and_merge_by_id(swept: Path, tiny: dict, tmp_path: Path, capsys) -> None:

@@ -13,7 +13,7 @@ from posattn.errors import PositionError
 from posattn.experiments import store
 from posattn.experiments.publish import add_run
 from posattn.experiments.report import build
-from posattn.tasks.compare import validate_config
+from posattn.synthetic.compare import validate_config
 
 
 def test_compare_report_from_the_store_is_the_sweeps_own(swept: Path, tmp_path: Path, capsys) -> None:

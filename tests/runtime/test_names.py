@@ -8,8 +8,8 @@ import yaml
 from posattn import cli
 from posattn.errors import PositionError
 from posattn.finetune.suite import validate_config as finetune_config
-from posattn.tasks.compare import validate_config as compare_config
-from posattn.train.config import load as pretrain_recipe
+from posattn.pretrain.config import load as pretrain_recipe
+from posattn.synthetic.compare import validate_config as compare_config
 
 ESCAPE = "../../x"
 REFUSED = f"name '{ESCAPE}' cannot name a file or folder"

@@ -9,8 +9,8 @@ from torch import nn
 
 from posattn.errors import PositionError
 from posattn.models import build_model
-from posattn.tasks.generators import generate
-from posattn.tasks.train import CHECKPOINT, TrainConfig, evaluate, train
+from posattn.synthetic.generators import generate
+from posattn.synthetic.train import CHECKPOINT, TrainConfig, evaluate, train
 
 V, L = 16, 16
 
@@ -126,7 +126,7 @@ def test_a_cell_checkpoint_carrying_a_pickle_payload_is_refused_unrun(tmp_path: 
     one PositionError, the payload never runs, nothing is written over the file."""
     from runtime.payload import plant
 
-    from posattn.tasks.compare import run_cell, validate_config
+    from posattn.synthetic.compare import run_cell, validate_config
 
     sweep = validate_config({"task": "mqar", "task_params": {"num_kv_pairs": 2}, "vocab_size": V, "train_length": L,
                              "test_lengths": [L], "examples": {"train": 40, "valid": 8, "test": 8}, "d_model": 16,
@@ -146,7 +146,7 @@ def test_a_locked_cell_folder_is_refused_before_anything_is_written(tmp_path: Pa
     PositionError naming it, and write nothing there."""
     from runtime.holder import Holder
 
-    from posattn.tasks.compare import run_cell, validate_config
+    from posattn.synthetic.compare import run_cell, validate_config
 
     sweep = validate_config({"task": "mqar", "task_params": {"num_kv_pairs": 2}, "vocab_size": V, "train_length": L,
                              "test_lengths": [L], "examples": {"train": 40, "valid": 8, "test": 8}, "d_model": 16,

@@ -149,8 +149,8 @@ def parse(data: dict[str, Any], where: str = "config") -> PretrainConfig:
 
 
 def builtin_configs() -> list[str]:
-    """Names of the recipes shipped in ``posattn/train/configs``."""
-    return config_loader.builtin_configs("posattn.train")
+    """Names of the recipes shipped in ``posattn/pretrain/configs``."""
+    return config_loader.builtin_configs("posattn.pretrain")
 
 
 def load(source: str | Path | dict | None) -> tuple[str, list[tuple[str, PretrainConfig]]]:
@@ -168,7 +168,7 @@ def load(source: str | Path | dict | None) -> tuple[str, list[tuple[str, Pretrai
         if path.is_file():
             text, where = path.read_text(), str(path)
         elif name in builtin_configs():
-            text, where = (resources.files("posattn.train") / "configs" / f"{name}.yaml").read_text(), name
+            text, where = (resources.files("posattn.pretrain") / "configs" / f"{name}.yaml").read_text(), name
         else:
             raise ConfigError(f"config {source!r} is neither a file nor a built-in recipe; "
                               f"built-in recipes: {', '.join(builtin_configs())}")

@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 import torch
 
+from posattn.pretrain.data import IGNORE, Batches, mlm_instances
 from posattn.text.tokenizer import special_ids
-from posattn.train.data import IGNORE, Batches, mlm_instances
 
 
 def batches(corpus, objective="mlm", length=32, batch_size=64, seed=0):

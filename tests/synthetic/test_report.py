@@ -1,7 +1,7 @@
 """report.md: mean ± std over seeds of the selected learning rate, and the learning-rate grid."""
 from __future__ import annotations
 
-from posattn.tasks.report import write_report
+from posattn.synthetic.report import write_report
 
 
 def cell(label, lr, seed, acc, selected):

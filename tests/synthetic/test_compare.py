@@ -11,8 +11,8 @@ import yaml
 from posattn import cli
 from posattn.experiments.config import ConfigError
 from posattn.experiments.executors import LocalExecutor
-from posattn.tasks import compare
-from posattn.tasks.compare import builtin_configs, load_config, run_sweep, validate_config
+from posattn.synthetic import compare
+from posattn.synthetic.compare import builtin_configs, load_config, run_sweep, validate_config
 
 TINY = {
     "name": "tiny", "task": "mqar", "task_params": {"num_kv_pairs": 2}, "vocab_size": 16, "train_length": 16,

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from posattn.errors import PositionError
-from posattn.tasks.generators import IGNORE, TASKS, TaskError, drop_overlap, generate
+from posattn.synthetic.generators import IGNORE, TASKS, TaskError, drop_overlap, generate
 
 V = 64
 

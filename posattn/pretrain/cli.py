@@ -15,8 +15,8 @@ from ..text.sources import BUILTIN, DEFAULT_SOURCES, files, load_documents, save
 from ..text.tokenizer import KINDS
 from .config import PretrainConfig, builtin_configs, load, with_overrides
 from .lm_eval import SCALINGS, length_sweep, subject, write_report
-from .pretrain import RESULT
 from .recipe import run_recipe
+from .run import RESULT
 
 CORPUS_HELP = """\
 Assemble a plain-text corpus, split it into train/valid/held-out by document, train a tokenizer

@@ -10,10 +10,10 @@ from posattn.errors import PositionError
 from posattn.experiments.config import ConfigError
 from posattn.experiments.executors import LocalExecutor
 from posattn.models.io import load
+from posattn.pretrain.config import load as load_config
+from posattn.pretrain.config import parse
+from posattn.pretrain.run import CHECKPOINT, pretrain
 from posattn.text.corpus import build_corpus
-from posattn.train.config import load as load_config
-from posattn.train.config import parse
-from posattn.train.pretrain import CHECKPOINT, pretrain
 
 from .conftest import make_documents, read_weights, tiny
 
@@ -94,8 +94,8 @@ HOLD_AT_STEP_3 = """
 import json, sys, time
 from pathlib import Path
 import torch
-from posattn.train.config import parse
-from posattn.train.pretrain import pretrain
+from posattn.pretrain.config import parse
+from posattn.pretrain.run import pretrain
 torch.set_num_threads(1)
 cfg, (out, ready, go) = json.loads(sys.argv[1]), map(Path, sys.argv[2:5])
 def hold(step):
@@ -213,7 +213,7 @@ def test_background_data_workers_change_nothing(corpus, tmp_path):
 
 def test_a_recipe_in_two_worker_processes_equals_one_run_after_another(corpus, tmp_path):
     """``posattn pretrain RECIPE --workers 2``: the same weights and summary as the serial run."""
-    from posattn.train.recipe import run_recipe
+    from posattn.pretrain.recipe import run_recipe
 
     runs = [("abs", parse(tiny(corpus))), ("rope", parse(tiny(corpus, mechanisms=["rope"])))]
     serial = run_recipe("r", runs, tmp_path / "serial", progress=False)
@@ -229,10 +229,10 @@ def test_a_recipe_in_two_worker_processes_equals_one_run_after_another(corpus, t
 def test_recipe_workers_share_one_default_corpus(corpus, tmp_path, monkeypatch):
     """The default corpus is built once, before the workers start: three workers each building it
     trained three runs on three corpora that replaced each other in one folder."""
+    from posattn.pretrain import run as pretrain_module
+    from posattn.pretrain.recipe import run_recipe
     from posattn.text.corpus import open_corpus
     from posattn.text.sources import split_of
-    from posattn.train import pretrain as pretrain_module
-    from posattn.train.recipe import run_recipe
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(pretrain_module, "load_documents", lambda: make_documents(60))  # this process only
@@ -248,7 +248,7 @@ def test_recipe_workers_share_one_default_corpus(corpus, tmp_path, monkeypatch):
 
 def test_a_recipe_trained_in_parts_reports_every_finished_run(corpus, tmp_path):
     """``posattn pretrain RECIPE --runs LABEL...``: only those runs train; the summary grows."""
-    from posattn.train.recipe import run_recipe
+    from posattn.pretrain.recipe import run_recipe
 
     runs = [("abs", parse(tiny(corpus))), ("rope", parse(tiny(corpus, mechanisms=["rope"])))]
     first = run_recipe("r", runs, tmp_path, progress=False, only=["rope"])

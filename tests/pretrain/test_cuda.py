@@ -4,8 +4,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from posattn.train.config import parse
-from posattn.train.pretrain import pretrain
+from posattn.pretrain.config import parse
+from posattn.pretrain.run import pretrain
 
 from .conftest import read_weights, tiny
 from .test_pretrain import Interrupt, stop_at

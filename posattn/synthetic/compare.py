@@ -30,9 +30,9 @@ from posattn.mechanisms import registry
 from posattn.models import build_model, load, save
 from posattn.runtime.files import name_problem, write_json_atomic
 from posattn.runtime.lock import run_lock
-from posattn.tasks.generators import TASK_PARAMS, TASKS, TaskError, drop_overlap, generate
-from posattn.tasks.report import select_lr, write_plots, write_report
-from posattn.tasks.train import CHECKPOINT, TrainConfig, evaluate, resolve_device, train
+from posattn.synthetic.generators import TASK_PARAMS, TASKS, TaskError, drop_overlap, generate
+from posattn.synthetic.report import select_lr, write_plots, write_report
+from posattn.synthetic.train import CHECKPOINT, TrainConfig, evaluate, resolve_device, train
 
 DEFAULT_CONFIG = "default"
 MODEL_DEFAULTS: dict[str, Any] = {"n_heads": 2, "d_ff": 0, "max_len": None, "dropout": 0.0, "attn_path": "fast",
@@ -101,13 +101,13 @@ def schema_text() -> str:
 
 
 def builtin_configs() -> list[str]:
-    """Names of the configs shipped in ``posattn/tasks/configs``."""
-    return config_loader.builtin_configs("posattn.tasks")
+    """Names of the configs shipped in ``posattn/synthetic/configs``."""
+    return config_loader.builtin_configs("posattn.synthetic")
 
 
 def load_config(source: str | Path | dict | None = None) -> dict[str, Any]:
     """A raw config from a YAML path, a built-in name, a dict or None (the ``default`` sweep)."""
-    return config_loader.load_config(source, package="posattn.tasks", default=DEFAULT_CONFIG, keys=TOP_KEYS)
+    return config_loader.load_config(source, package="posattn.synthetic", default=DEFAULT_CONFIG, keys=TOP_KEYS)
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ from pathlib import Path
 import yaml
 
 from posattn.experiments.executors import add_executor_options, budget_note, executor_from
-from posattn.tasks.compare import builtin_configs, load_config, run_sweep, schema_text, validate_config
+from posattn.synthetic.compare import builtin_configs, load_config, run_sweep, schema_text, validate_config
 
 DESCRIPTION = """\
 Train position mechanisms side by side on a synthetic recall/copying task, evaluate every

@@ -13,8 +13,8 @@ from tqdm.auto import tqdm
 from ..errors import PositionError
 from ..experiments.executors import Executor, LocalExecutor, NotStarted
 from .config import PretrainConfig
-from .pretrain import RESULT, World, pretrain, resolve_corpus
 from .report import finished_run, write_summary
+from .run import RESULT, World, pretrain, resolve_corpus
 
 
 def _run_job(job: tuple[PretrainConfig, Path, str, bool], in_worker: bool) -> dict[str, Any]:

@@ -27,7 +27,7 @@ from posattn.runtime.lock import run_lock
 from posattn.runtime.optim import adamw
 from posattn.runtime.order import batch_indices
 from posattn.runtime.rng import rng_state, set_rng_state
-from posattn.tasks.generators import IGNORE, TaskData
+from posattn.synthetic.generators import IGNORE, TaskData
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from ..errors import PositionError
 from ..experiments.store import read_json
 from ..runtime.files import write_json_atomic, write_text_atomic
 from .plots import plot_recipe
-from .pretrain import METRICS, RESULT
+from .run import METRICS, RESULT
 
 
 def finished_run(folder: Path, label: str) -> dict[str, Any] | None:

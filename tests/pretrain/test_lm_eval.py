@@ -9,11 +9,11 @@ import torch
 
 from posattn.cli import main
 from posattn.errors import PositionError
+from posattn.pretrain import lm_eval
+from posattn.pretrain.config import parse
+from posattn.pretrain.lm_eval import length_scaled_config, length_sweep, subject, write_report
+from posattn.pretrain.run import pretrain
 from posattn.text.corpus import build_corpus
-from posattn.train import lm_eval
-from posattn.train.config import parse
-from posattn.train.lm_eval import length_scaled_config, length_sweep, subject, write_report
-from posattn.train.pretrain import pretrain
 
 from .conftest import make_documents, tiny
 

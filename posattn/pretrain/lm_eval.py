@@ -30,7 +30,7 @@ from ..text.corpus import Corpus, open_corpus
 from ..text.tokenizer import FILENAME, load_tokenizer, special_ids
 from .data import Batches
 from .plots import plot_lengths
-from .pretrain import RUN_CONFIG, evaluate
+from .run import RUN_CONFIG, evaluate
 
 SCALINGS = length_scalings()  # what the registered mechanisms offer: rope's PI and YaRN
 SCORE_BUDGET = 2 ** 24  # batch · length² per evaluation batch
