@@ -13,13 +13,14 @@ import torch
 from ..attention.fast import Policy
 from ..errors import PositionError
 from ..mechanisms import get
+from ..runtime.compile import COMPILE_MODES
 from ..runtime.files import write_json_atomic
 from . import decode, gpu_check
 from .cases import Sizes, parse_mechanisms
 from .models import DEFAULT_MECHANISMS, HF_MODELS, MODEL_LENGTHS, MODEL_SIZES, model_name, model_rows
 from .peers import skipped as skipped_peers
 from .report import model_table, ordered, plot, save_json, table, targets
-from .run import COMPILE_MODES, KINDS, BenchOptions, conv_rows, peer_matches, run
+from .run import KINDS, BenchOptions, conv_rows, peer_matches, run
 
 QUICK = dict(lengths=[64, 128], heads=2, head_dim=16, repeats=2, warmup=1)
 

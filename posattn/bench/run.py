@@ -11,16 +11,14 @@ import torch
 
 from .. import mechanisms
 from ..attention import fast, native
-from ..errors import PositionError
 from ..mechanisms.conv import METHODS, conv_method
+from ..runtime.compile import check_mode
+from ..runtime.compile import compiled as compiled_fn
 from . import peers as peer_lib
 from .cases import BASELINE, Case, CaseSpec, Sizes, make_case, spec_label
 from .measure import measure_memory, median, time_cases
 
 KINDS = ("layer", "op")  # "model" (whole models against Hugging Face) runs on its own: --models
-# torch.compile modes of --compile; "dynamo" traces with dynamo and runs the graphs eagerly (no code
-# generation: seconds instead of minutes on a CPU, for tests of the compiled path's plumbing)
-COMPILE_MODES = ("default", "reduce-overhead", "max-autotune-no-cudagraphs", "dynamo")
 
 
 @dataclass
@@ -64,21 +62,11 @@ def case_specs(opts: BenchOptions, n: int) -> list[CaseSpec]:
 
 
 def compiled(case: Case, mode: str) -> Case:
-    """``case`` with its training step and inference pass compiled by ``torch.compile`` (the
-    backward pass through AOTAutograd's compiled backward; dynamo splits the step at
-    ``backward()``), each run once so that compilation happens here and not in the timing."""
-    if mode not in COMPILE_MODES:
-        raise PositionError(f"bench --compile: mode {mode!r} is not one of {', '.join(COMPILE_MODES)}")
-    import torch._dynamo
-
-    # every case's step is the same Python function over another model: without room for one
-    # compiled graph per case, dynamo would silently fall back to eager after the 8th
-    for name in ("recompile_limit", "cache_size_limit", "accumulated_recompile_limit",
-                 "accumulated_cache_size_limit"):
-        if hasattr(torch._dynamo.config, name):
-            setattr(torch._dynamo.config, name, max(getattr(torch._dynamo.config, name), 4096))
-    options = {"backend": "eager"} if mode == "dynamo" else {"mode": mode}
-    train, infer = torch.compile(case.train, **options), torch.compile(case.infer, **options)
+    """``case`` with its training step and inference pass compiled by ``torch.compile``
+    (:func:`posattn.runtime.compile.compiled`), each run once so that compilation happens here
+    and not in the timing."""
+    check_mode(mode, "bench --compile")
+    train, infer = compiled_fn(case.train, mode), compiled_fn(case.infer, mode)
     train()
     infer()
     return Case(case.spec, train, infer, f"{case.path} [compiled {mode}]")

@@ -7,16 +7,18 @@ output for regression). The validation split is scored ``evals_per_epoch`` times
 best-scoring weights are kept (early stopping: with ``patience`` the run also stops after that
 many evaluations without improvement) and scored on the test set(s).
 
-Like :func:`posattn.synthetic.train.train`, the batch order depends on the seed and the step alone,
+As in every posattn training loop (:mod:`posattn.runtime.loop`), the batch order depends on the seed and the step alone,
 and a checkpoint (model, optimizer, RNG state, best weights, history) is written atomically at
 every evaluation, so a resumed run ends with the same weights as an uninterrupted one.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -26,7 +28,6 @@ import numpy as np
 import torch
 from safetensors.torch import load_file
 from torch import nn
-from tqdm.auto import tqdm
 
 from .. import schedule
 from ..errors import PositionError
@@ -34,18 +35,14 @@ from ..experiments.store import content_id
 from ..models import build_model, save
 from ..models.io import CONFIG, WEIGHTS, read_config
 from ..models.transformer import Encoder
-from ..runtime.checkpoint import (
-    CHECKPOINT,
-    check_config,
-    load_checkpoint,
-    save_checkpoint,
-)
+from ..runtime.checkpoint import CHECKPOINT
+from ..runtime.compile import compiled
 from ..runtime.device import resolve_device
 from ..runtime.files import write_json_atomic
 from ..runtime.lock import run_lock
+from ..runtime.loop import LoopState, Plan, run_loop
 from ..runtime.optim import adamw
 from ..runtime.order import batch_indices
-from ..runtime.rng import rng_state, set_rng_state
 from ..text.tokenizer import FILENAME as TOKENIZER
 from ..text.tokenizer import load_tokenizer
 from . import metrics
@@ -189,75 +186,39 @@ def baseline(task: Task, train: Encoded, test: Encoded) -> dict[str, float]:
 
 def finetune(model: Encoder, task: Task, train: Encoded, valid: Encoded, cfg: FinetuneConfig, *,
              checkpoint_dir: Path | None = None, device: str | torch.device = "auto", progress: bool = True,
-             description: str = "finetune") -> dict[str, Any]:
+             description: str = "finetune", compile: str | None = None) -> dict[str, Any]:
     """Fine-tune ``model`` on ``train``, keep the weights that score best on ``valid``; resumable.
 
     Returns steps, best step and score, the validation history, and ``earlier_seconds``: the (wall,
     CPU) seconds of the interrupted runs this one resumed, up to their last checkpoint. The
-    ``checkpoint_dir`` is locked meanwhile (:func:`~posattn.runtime.lock.run_lock`)."""
-    if checkpoint_dir is None:
-        return _finetune(model, task, train, valid, cfg, None, resolve_device(device), progress, description)
-    with run_lock(checkpoint_dir):
-        return _finetune(model, task, train, valid, cfg, Path(checkpoint_dir) / CHECKPOINT, resolve_device(device),
-                         progress, description)
-
-
-def _finetune(model: Encoder, task: Task, train: Encoded, valid: Encoded, cfg: FinetuneConfig, path: Path | None,
-              device: torch.device, progress: bool, description: str) -> dict[str, Any]:
-    """:func:`finetune` with its checkpoint ``path`` (None: no checkpoint) and device resolved."""
-    model.to(device).train()
+    ``checkpoint_dir`` is locked meanwhile (:func:`~posattn.runtime.lock.run_lock`). ``compile``: a
+    :mod:`posattn.runtime.compile` mode for the training step (scoring stays eager). The loop is
+    :func:`posattn.runtime.loop.run_loop`."""
+    device = resolve_device(device)
+    model.to(device)
     optimizer = adamw(model, cfg.lr, cfg.weight_decay, eps=cfg.adam_eps)
-    total, every = cfg.total_steps(len(train)), cfg.eval_every(len(train))
-    state: dict[str, Any] = {"step": 0, "history": [], "done": False, "best": None, "best_score": -math.inf,
-                             "best_step": 0, "bad": 0, "seconds": 0.0, "cpu_seconds": 0.0}
-    torch.manual_seed(cfg.seed)
-    if path is not None and path.exists():
-        saved = load_checkpoint(path, ("config", "model", "optimizer", "rng", "state"))
-        check_config(saved["config"], asdict(cfg), path)
-        model.load_state_dict(saved["model"])
-        optimizer.load_state_dict(saved["optimizer"])
-        set_rng_state(saved, device)
-        state = {"seconds": 0.0, "cpu_seconds": 0.0, **saved["state"]}
-    start, cpu, before = time.perf_counter(), time.process_time(), (state["seconds"], state["cpu_seconds"])
-    bar = tqdm(total=total, initial=state["step"], desc=description, disable=not progress or state["done"],
-               leave=False, dynamic_ncols=True)
-    loss_value = None
-    while not state["done"]:
-        step = state["step"]
+    total = cfg.total_steps(len(train))
+    loss_of = compiled(lambda ids, seg, mask, labels: loss_fn(task, model.classify(ids, seg, mask), labels), compile)
+
+    def step_fn(step: int, backward: Callable[[torch.Tensor], None]) -> tuple[float, dict[str, float]]:
         ids, seg, mask, labels = train.batch(batch_indices(len(train), cfg.batch_size, step, cfg.seed), device)
-        for group in optimizer.param_groups:
-            group["lr"] = cfg.lr_at(step, total)
-        loss = loss_fn(task, model.classify(ids, seg, mask), labels)
-        if not torch.isfinite(loss):
-            raise FloatingPointError(f"loss became {loss.item()} at step {step}; lower the learning rate")
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        if cfg.grad_clip > 0:
-            nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-        optimizer.step()
-        state["step"] = step = step + 1
-        loss_value = loss.item()
-        bar.update(1)
-        if step % every and step < total:
-            continue
-        valid_score = score(model, task, valid, cfg.eval_batch_size)["score"]
-        state["history"].append({"step": step, "loss": loss_value, "valid_score": valid_score})
-        if valid_score > state["best_score"]:
-            state.update(best={k: v.detach().cpu().clone() for k, v in model.state_dict().items()},
-                         best_score=valid_score, best_step=step, bad=0)
-        else:
-            state["bad"] += 1
-        state["done"] = step >= total or (cfg.patience is not None and state["bad"] >= cfg.patience)
-        bar.set_postfix(loss=round(loss_value, 4), valid=round(valid_score, 4))
-        state.update(seconds=before[0] + time.perf_counter() - start, cpu_seconds=before[1] + time.process_time() - cpu)
-        if path is not None:
-            save_checkpoint(path, {"config": asdict(cfg), "model": model.state_dict(),
-                                   "optimizer": optimizer.state_dict(), **rng_state(device), "state": state})
-    bar.close()
-    model.load_state_dict(state["best"])
-    return {"steps": state["step"], "total_steps": total, "stopped_early": state["step"] < total,
-            "best_step": state["best_step"], "valid_score": state["best_score"], "history": state["history"],
-            "earlier_seconds": before}
+        loss = loss_of(ids, seg, mask, labels)
+        backward(loss)
+        return loss.item(), {}
+
+    def evaluation(state: LoopState) -> dict[str, float]:
+        return {"loss": state.loss, "valid_score": score(model, task, valid, cfg.eval_batch_size)["score"]}
+
+    plan = Plan(steps=total, lr=lambda step: cfg.lr_at(step, total), eval_every=cfg.eval_every(len(train)),
+                grad_clip=cfg.grad_clip, seed=cfg.seed, keep_best="valid_score", patience=cfg.patience,
+                description=description)
+    with run_lock(checkpoint_dir) if checkpoint_dir is not None else contextlib.nullcontext():
+        state = run_loop(model, optimizer, plan, step_fn, evaluation, device=device, config=asdict(cfg),
+                         checkpoint=Path(checkpoint_dir) / CHECKPOINT if checkpoint_dir is not None else None,
+                         progress=progress)
+    return {"steps": state.step, "total_steps": total, "stopped_early": state.step < total,
+            "best_step": state.best_step, "valid_score": state.best_score, "history": state.history,
+            "earlier_seconds": state.earlier}
 
 
 @dataclass(frozen=True)

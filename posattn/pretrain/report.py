@@ -13,8 +13,9 @@ from typing import Any
 from ..errors import PositionError
 from ..experiments.store import read_json
 from ..runtime.files import write_json_atomic, write_text_atomic
+from ..runtime.metrics import METRICS
 from .plots import plot_recipe
-from .run import METRICS, RESULT
+from .run import RESULT
 
 
 def finished_run(folder: Path, label: str) -> dict[str, Any] | None:

@@ -7,26 +7,22 @@ resumed from any checkpoint ends with the same weights as an uninterrupted one.
 
 from __future__ import annotations
 
-import time
+import contextlib
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
 from torch import nn
-from tqdm.auto import tqdm
 
 from posattn import schedule
-from posattn.runtime.checkpoint import (
-    CHECKPOINT,
-    check_config,
-    load_checkpoint,
-    save_checkpoint,
-)
+from posattn.runtime.checkpoint import CHECKPOINT
+from posattn.runtime.compile import compiled
 from posattn.runtime.device import resolve_device
 from posattn.runtime.lock import run_lock
+from posattn.runtime.loop import LoopState, Plan, run_loop
 from posattn.runtime.optim import adamw
 from posattn.runtime.order import batch_indices
-from posattn.runtime.rng import rng_state, set_rng_state
 from posattn.synthetic.generators import IGNORE, TaskData
 
 
@@ -96,7 +92,7 @@ def evaluate(model: nn.Module, data: TaskData, batch_size: int = 256,
 
 def train(model: nn.Module, data: TaskData, cfg: TrainConfig, *, valid: TaskData | None = None,
           checkpoint_dir: str | Path | None = None, device: str | torch.device = "auto",
-          progress: bool = True, description: str = "train") -> TrainResult:
+          progress: bool = True, description: str = "train", compile: str | None = None) -> TrainResult:
     """Train ``model`` on ``data``; evaluate on ``valid``. The model maps ``(input_ids, scored=mask)``
     to the logits [k, vocab] of the k scored positions, as posattn's ``Decoder`` does.
 
@@ -104,72 +100,36 @@ def train(model: nn.Module, data: TaskData, cfg: TrainConfig, *, valid: TaskData
     once accuracy reaches ``cfg.target_accuracy``. With ``checkpoint_dir`` a checkpoint is written
     at each evaluation and an existing one is resumed from; the folder is locked meanwhile
     (:func:`~posattn.runtime.lock.run_lock`). Seed the model's initialisation yourself
-    (``torch.manual_seed``) before building it.
+    (``torch.manual_seed``) before building it. ``compile``: a :mod:`posattn.runtime.compile` mode
+    for the training step's forward and backward (evaluation stays eager). The loop is
+    :func:`posattn.runtime.loop.run_loop`.
     """
-    if checkpoint_dir is None:
-        return _train(model, data, cfg, valid, None, resolve_device(device), progress, description)
-    with run_lock(checkpoint_dir):
-        return _train(model, data, cfg, valid, Path(checkpoint_dir) / CHECKPOINT, resolve_device(device), progress,
-                      description)
-
-
-def _train(model: nn.Module, data: TaskData, cfg: TrainConfig, valid: TaskData | None, path: Path | None,
-           device: torch.device, progress: bool, description: str) -> TrainResult:
-    """:func:`train` with its checkpoint ``path`` (None: no checkpoint) and device resolved."""
-    model.to(device).train()
+    device = resolve_device(device)
+    model.to(device)
     optimizer = adamw(model, cfg.lr, cfg.weight_decay)
-    step, history, done, loss_value, before = 0, [], False, None, 0.0
-    torch.manual_seed(cfg.seed)
-    if path is not None and path.exists():
-        state = load_checkpoint(path, ("config", "model", "optimizer", "rng", "step", "history", "done", "loss"))
-        check_config(state["config"], asdict(cfg), path)
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        set_rng_state(state, device)
-        step, history, done, loss_value = state["step"], state["history"], state["done"], state["loss"]
-        before = state.get("seconds", 0.0)
-    start = time.perf_counter()
+    loss_of = compiled(masked_loss, compile)
 
-    def seconds() -> float:
-        return before + time.perf_counter() - start
+    def step_fn(step: int, backward: Callable[[torch.Tensor], None]) -> tuple[float, dict[str, float]]:
+        idx = batch_indices(len(data), cfg.batch_size, step, cfg.seed)
+        inputs, labels = data.inputs[idx].to(device), data.labels[idx].to(device)
+        loss = loss_of(model, inputs, labels)
+        backward(loss)
+        return loss.item(), {}
 
-    def checkpoint() -> None:
-        if path is not None:
-            save_checkpoint(path, {"config": asdict(cfg), "model": model.state_dict(),
-                                   "optimizer": optimizer.state_dict(), **rng_state(device), "step": step,
-                                   "history": history, "done": done, "loss": loss_value, "seconds": seconds()})
+    def evaluation(state: LoopState) -> dict[str, float]:
+        row = {"loss": state.loss}
+        if valid is not None:
+            row["valid_accuracy"] = evaluate(model, valid, cfg.eval_batch_size, device)
+        return row
 
-    def reached(acc: float) -> bool:
-        return cfg.target_accuracy is not None and acc >= cfg.target_accuracy
-
-    bar = tqdm(total=cfg.steps, initial=step, desc=description, disable=not progress or done,
-               leave=False, dynamic_ncols=True)
-    while not done:
-        if step < cfg.steps:
-            idx = batch_indices(len(data), cfg.batch_size, step, cfg.seed)
-            inputs, labels = data.inputs[idx].to(device), data.labels[idx].to(device)
-            for group in optimizer.param_groups:
-                group["lr"] = cfg.lr_at(step)
-            loss = masked_loss(model, inputs, labels)
-            if not torch.isfinite(loss):
-                raise FloatingPointError(f"loss became {loss.item()} at step {step}; lower the learning rate")
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            if cfg.grad_clip > 0:
-                nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-            optimizer.step()
-            step += 1
-            loss_value = loss.item()
-            bar.update(1)
-        if step % cfg.eval_every == 0 or step >= cfg.steps:
-            entry = {"step": step, "loss": loss_value}
-            if valid is not None:
-                entry["valid_accuracy"] = evaluate(model, valid, cfg.eval_batch_size, device)
-            history.append(entry)
-            bar.set_postfix({k: round(v, 4) for k, v in entry.items() if k != "step"})
-            done = step >= cfg.steps or reached(entry.get("valid_accuracy", 0.0))
-            checkpoint()
-    bar.close()
-    last = history[-1] if history else {}
-    return TrainResult(steps=step, stopped_early=step < cfg.steps, valid_accuracy=last.get("valid_accuracy"),
-                       loss=loss_value, history=history, seconds=round(seconds(), 2))
+    target = ("valid_accuracy", cfg.target_accuracy) if cfg.target_accuracy is not None else None
+    plan = Plan(steps=cfg.steps, lr=cfg.lr_at, eval_every=cfg.eval_every, grad_clip=cfg.grad_clip, seed=cfg.seed,
+                target=target, description=description)
+    with run_lock(checkpoint_dir) if checkpoint_dir is not None else contextlib.nullcontext():
+        state = run_loop(model, optimizer, plan, step_fn, evaluation, device=device, config=asdict(cfg),
+                         checkpoint=Path(checkpoint_dir) / CHECKPOINT if checkpoint_dir is not None else None,
+                         progress=progress)
+    last = state.history[-1] if state.history else {}
+    return TrainResult(steps=state.step, stopped_early=state.step < cfg.steps,
+                       valid_accuracy=last.get("valid_accuracy"), loss=state.loss, history=state.history,
+                       seconds=round(state.seconds, 2))

@@ -99,7 +99,7 @@ def test_resumed_run_ends_bit_identical(tmp_path):
     Interrupt(broken, at=7)           # forwards: steps 1-2, eval, steps 3-4, eval, step 5 (interrupted)
     with pytest.raises(KeyboardInterrupt):
         finetune(broken, TASK, train, valid, cfg, checkpoint_dir=tmp_path, progress=False)
-    saved = torch.load(tmp_path / CHECKPOINT, weights_only=True)["state"]
+    saved = torch.load(tmp_path / CHECKPOINT, weights_only=True)["loop"]
     assert saved["step"] == 4 and saved["seconds"] > 0 and saved["cpu_seconds"] > 0
     resumed = build_model_none(seed=99)          # another init: everything must come from the checkpoint
     out = finetune(resumed, TASK, train, valid, cfg, checkpoint_dir=tmp_path, progress=False)
@@ -145,3 +145,16 @@ def test_a_locked_checkpoint_folder_is_refused(tmp_path):
             finetune(build_model_none(), TASK, toy(16), toy(8), FinetuneConfig(epochs=1, batch_size=8),
                      checkpoint_dir=tmp_path / "cell", progress=False)
         assert sorted(p.name for p in (tmp_path / "cell").iterdir()) == [".lock"]
+
+
+def test_compiled_step_trains_the_eager_weights():
+    """``compile='dynamo'``: the step through dynamo and AOTAutograd gives eager's history and weights
+    (dropout 0.1: the compiled graph draws the same dropout masks)."""
+    cfg = FinetuneConfig(lr=1e-3, batch_size=8, epochs=1, evals_per_epoch=2)
+    eager, fast = build_model_none(), build_model_none()
+    a = finetune(eager, TASK, toy(24), toy(12), cfg, progress=False)
+    b = finetune(fast, TASK, toy(24), toy(12), cfg, progress=False, compile="dynamo")
+    assert [r["valid_score"] for r in b["history"]] == [r["valid_score"] for r in a["history"]]
+    assert b["history"][-1]["loss"] == pytest.approx(a["history"][-1]["loss"], rel=1e-5)
+    for (key, p), q in zip(eager.state_dict().items(), fast.state_dict().values()):
+        torch.testing.assert_close(q, p, rtol=1e-4, atol=1e-6, msg=key)

@@ -66,7 +66,7 @@ def test_resumed_run_ends_bit_identical(tmp_path: Path) -> None:
     with pytest.raises(KeyboardInterrupt):
         train(Interrupt(tiny("rope", 2), at=17), train_data, cfg, valid=valid, checkpoint_dir=tmp_path,
               progress=False)
-    saved = torch.load(tmp_path / CHECKPOINT, weights_only=True)
+    saved = torch.load(tmp_path / CHECKPOINT, weights_only=True)["loop"]
     assert saved["step"] == 14 and saved["seconds"] > 0
     resumed = Interrupt(tiny("rope", 2, seed=99), at=0)   # another init: all must come from the checkpoint
     out = train(resumed, train_data, cfg, valid=valid, checkpoint_dir=tmp_path, progress=False)

@@ -1,0 +1,51 @@
+"""``--compile MODE``: run a training step's forward and backward through ``torch.compile``.
+
+Modes are ``torch.compile``'s (``default``, ``reduce-overhead`` — CUDA graphs where shapes are
+static —, ``max-autotune-no-cudagraphs``) plus ``dynamo``: dynamo captures the graphs and runs
+them eagerly, without code generation (seconds instead of minutes on a CPU; tests use it to
+check the compiled path's plumbing). The backward pass goes through AOTAutograd's compiled
+backward. Evaluation stays eager: it sees other lengths than training and would recompile.
+
+Recompilation is bounded by the shapes a step sees: a training step has one sequence length (the
+synthetic tasks and pretraining train at one length); the number of scored positions of masked-LM
+and recall batches varies from step to step, which dynamo handles by marking that dimension
+dynamic after its second shape (``dynamic=None``), so a run compiles at most twice.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import torch
+
+from posattn.errors import PositionError
+
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune-no-cudagraphs", "dynamo")
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def check_mode(mode: str | None, where: str = "--compile") -> str | None:
+    """``mode`` if it is None or one of :data:`COMPILE_MODES`, else one PositionError naming them."""
+    if mode is not None and mode not in COMPILE_MODES:
+        raise PositionError(f"{where}: mode {mode!r} is not one of {', '.join(COMPILE_MODES)}")
+    return mode
+
+
+def raise_recompile_limits(at_least: int = 4096) -> None:
+    """Let dynamo keep one graph per model: a sweep compiles the same step function over many
+    models, and past the default limit (8) dynamo silently falls back to eager."""
+    import torch._dynamo
+
+    for name in ("recompile_limit", "cache_size_limit", "accumulated_recompile_limit",
+                 "accumulated_cache_size_limit"):
+        if hasattr(torch._dynamo.config, name):
+            setattr(torch._dynamo.config, name, max(getattr(torch._dynamo.config, name), at_least))
+
+
+def compiled(fn: F, mode: str | None) -> F:
+    """``fn`` through ``torch.compile`` in ``mode`` (None: ``fn`` itself, eager)."""
+    if check_mode(mode) is None:
+        return fn
+    raise_recompile_limits()
+    options: dict[str, Any] = {"backend": "eager"} if mode == "dynamo" else {"mode": mode}
+    return torch.compile(fn, **options)  # type: ignore[return-value]
