@@ -210,6 +210,8 @@ class RoPE(Mechanism):
         if not 0 < fraction <= 1:
             raise PositionError(f"rope: fraction must be in (0, 1], got {fraction}")
         self.rotated = int(dims.head_dim * fraction)
+        if fraction == 1 and dims.head_dim % 2:
+            raise PositionError(f"rope: head dimension must be even, got {dims.head_dim}")
         if self.rotated < 2 or self.rotated % 2:
             raise PositionError(f"rope: the rotated channels (fraction {fraction} of head dimension "
                                 f"{dims.head_dim} = {self.rotated}) must be a positive even number")
