@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from core.helpers import context, dims, model, run, tokens, with_path
+from core.helpers import VOCAB, context, dims, model, run, tokens, with_path
 from x_transformers.x_transformers import Attention as XAttention
 from x_transformers.x_transformers import RotaryEmbedding, apply_rotary_pos_emb
 
@@ -136,3 +136,20 @@ def test_cached_decoding_equals_recompute():
         cache = KVCache()
         parts = [m.decode(ids[:, :4], cache)] + [m.decode(ids[:, t:t + 1], cache) for t in range(4, 12)]
     torch.testing.assert_close(torch.cat(parts, 1), full, rtol=1e-9, atol=1e-9)
+
+
+def test_hugging_face_loading_restores_the_xpos_and_rotary_tables(tmp_path):
+    """transformers builds on the meta device and leaves non-persistent buffers empty; the
+    rotation's θ and ζ are recomputed, so the loaded model is the saved one exactly."""
+    import posattn
+    from posattn import Decoder, ModelConfig
+    from posattn.hf import PosattnForCausalLM
+
+    spec = {"name": "rope", "xpos": True, "fraction": 0.5, "scaling": "yarn", "factor": 2.0, "original_max_len": 8}
+    torch.manual_seed(0)
+    saved = Decoder(ModelConfig(vocab_size=VOCAB, d_model=32, n_layers=2, n_heads=2, max_len=32, mechanisms=[spec]))
+    folder = posattn.save(saved.eval(), tmp_path / "dec")
+    loaded = PosattnForCausalLM.from_pretrained(folder).eval()
+    ids = tokens(2, 20, seed=6)
+    with torch.no_grad():
+        assert torch.equal(loaded(ids).logits, saved(ids))
