@@ -5,13 +5,14 @@
     (GPT-NeoX layout); r = ``fraction``·d_h, the other d_h − r channels pass through unrotated
     (partial rotary: GPT-NeoX ``rotary_pct``, Black et al. 2022; x-transformers ``rotary_emb_dim``).
 
-xPos (Sun et al. 2022, "A Length-Extrapolatable Transformer", Eq. 12-13): the same rotation with
-q_i's pair m scaled by ζ_m^{(i−c)/γ} and k_j's by ζ_m^{−(j−c)/γ}, ζ_m = (2m/r + 0.4)/1.4,
-γ = ``scale_base``; so s_ij gains the factor ζ_m^{(i−j)/γ}, an exponential decay with the distance
+xPos (Sun et al. 2022, "A Length-Extrapolatable Transformer"): the same rotation with q_i's pair m
+scaled by ζ_m^{(i−c)/B} and k_j's by ζ_m^{−(j−c)/B}, ζ_m = (2m/r + γ)/(1 + γ) with the paper's
+γ = 0.4 and B = ``scale_base``; so s_ij gains the factor ζ_m^{(i−j)/B}, an exponential decay with the distance
 that depends on i − j only. It decays only for j ≤ i and grows for j > i, so it is defined for
 causal attention (the paper; x-transformers refuses it too): an encoder is refused. The centre
 c = ``max_len`` // 2 cancels in every score (x-transformers centres at n // 2 for the same reason:
-smaller magnitudes); a fixed c keeps rotated keys valid in a decoding cache.
+smaller magnitudes); a fixed c keeps rotated keys valid in a decoding cache. The k factor reaches
+ζ_0^{−(j−c)/B} = e^{1.25 (j−c)/B}: past j − c ≈ 8.8·B it overflows float16 (bfloat16 and float32 hold it).
 
 Rescalings for contexts longer than the trained ``original_max_len`` L, with factor s (each matches
 transformers' ``ROPE_INIT_FUNCTIONS`` — inverse frequencies and attention factor — where it has it):
@@ -28,13 +29,14 @@ transformers' ``ROPE_INIT_FUNCTIONS`` — inverse frequencies and attention fact
   ``yarn_ramp="ratio"`` is the paper's γ = clamp((L/λ_m − α)/(β − α), 0, 1) with λ_m = 2π/θ_m,
   α = ``beta_slow``, β = ``beta_fast``; ``"dimension"`` is the authors' released code (and
   transformers): γ linear in the index m between the indices where L/λ_m = β and = α, rounded
-  outwards (floor/ceil). Both agree at the ends;
+  outwards (floor/ceil). They agree at the highest and lowest frequencies and differ in the ramp;
 - ``"llama3"`` (Llama 3.1, Meta 2024; transformers ``llama3``): wavelengths λ_m above L /
   ``low_freq_factor`` are interpolated (θ/s), below L / ``high_freq_factor`` kept, and in between
   θ'_m = (1 − g) θ_m / s + g θ_m with g = (L/λ_m − low)/(high − low);
 - ``"longrope"`` (Ding et al. 2024, "LongRoPE"; transformers ``longrope``): θ'_m = θ_m / f_m with
   the given per-frequency factors f = ``short_factor`` while the current length is ≤ L and
-  ``long_factor`` beyond it, and q, k scaled by √(1 + ln s / ln L) (s > 1).
+  ``long_factor`` beyond it, and q, k scaled by √(1 + ln s / ln L) (s > 1; Phi-3's and transformers'
+  default).
 
 ``dynamic`` and ``longrope`` depend on the current length, so a global shift of the positions can
 change them, and a decoding cache cannot keep keys rotated at a shorter length: such a layer
@@ -204,8 +206,8 @@ class RoPE(Mechanism):
         - ``short_factor``, ``long_factor``: LongRoPE's r/2 per-frequency factors, used up to and
           beyond L;
         - ``attention_factor``: overrides YaRN's or LongRoPE's q/k magnitude factor;
-        - ``xpos``: add xPos's decay ζ^{(i−j)/γ} (Sun et al. 2022; decoders only);
-        - ``scale_base``: xPos's γ (512 in the paper)."""
+        - ``xpos``: add xPos's decay ζ^{(i−j)/B} (Sun et al. 2022; decoders only);
+        - ``scale_base``: xPos's B, the distance over which the decay acts (512 in the paper's code)."""
         super().__init__(dims, shared)
         if not 0 < fraction <= 1:
             raise PositionError(f"rope: fraction must be in (0, 1], got {fraction}")
@@ -236,7 +238,7 @@ class RoPE(Mechanism):
     @classmethod
     def validate(cls, options: dict[str, Any], others: list[str], dims: Dims) -> None:
         if options.get("xpos") and not dims.causal:
-            raise PositionError("rope: xpos is defined for causal attention (its decay ζ^{(i−j)/γ} grows for keys "
+            raise PositionError("rope: xpos is defined for causal attention (its decay ζ^{(i−j)/B} grows for keys "
                                 "after the query; Sun et al. 2022); use it in a decoder")
 
     @classmethod
@@ -265,7 +267,7 @@ class RoPE(Mechanism):
             cos, sin = tables(ctx.positions, theta, mscale, width)
             return cos, sin, cos, sin
         power = (ctx.positions - self.centre).to(self.zeta.dtype)[..., None] / self.scale_base
-        up = self.zeta ** power  # [b, n, r/2]: ζ^{(i−c)/γ} for q, its inverse for k
+        up = self.zeta ** power  # [b, n, r/2]: ζ^{(i−c)/B} for q, its inverse for k
         return (*tables(ctx.positions, theta, mscale, width, up), *tables(ctx.positions, theta, mscale, width, 1 / up))
 
     def transform_qkv(self, q: Tensor, k: Tensor, v: Tensor, ctx: Context) -> tuple[Tensor, Tensor, Tensor]:

@@ -1,6 +1,6 @@
 """xPos (Sun et al. 2022), ``{"name": "rope", "xpos": true}``: equal to x-transformers' rotary
 xPos (vectors and a whole attention layer with copied weights), scores that depend on i − j only
-with the decay ζ^{(i−j)/γ}, reference and fast paths equal, causal, and cached decoding equal to
+with the decay ζ^{(i−j)/B}, reference and fast paths equal, causal, and cached decoding equal to
 recomputation."""
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ def order(rotated: int, width: int = HEAD) -> list[int]:
 @pytest.mark.parametrize("rotated", [16, 8])
 def test_rotated_vectors_match_x_transformers(rotated):
     """With the same centre (x-transformers centres at n // 2, posattn at max_len // 2) q and k are
-    the same vectors, q scaled by ζ^{(i−c)/γ} and k by its inverse."""
+    the same vectors, q scaled by ζ^{(i−c)/B} and k by its inverse."""
     n = 11
     mech = xpos(max_len=n, fraction=rotated / HEAD).layers[0][0]
     g = torch.Generator().manual_seed(0)
@@ -89,8 +89,8 @@ def test_scores_depend_on_the_offset_only(fraction):
 
 
 def test_the_decay_is_zeta_to_the_offset_over_scale_base():
-    """q_i·k_j = Σ_m ζ_m^{(i−j)/γ} · (RoPE's pair-m product): with one channel pair non-zero the
-    ratio to plain RoPE is ζ_m^{(i−j)/γ} exactly (ζ_m = (2m/r + 0.4)/1.4)."""
+    """q_i·k_j = Σ_m ζ_m^{(i−j)/B} · (RoPE's pair-m product): with one channel pair non-zero the
+    ratio to plain RoPE is ζ_m^{(i−j)/B} exactly (ζ_m = (2m/r + 0.4)/1.4)."""
     d = dims(causal=True, d_model=2 * HEAD, n_heads=2, max_len=32)
     plain = build(["rope"], d).layers[0][0].double()
     mech = build([{"name": "rope", "xpos": True, "scale_base": 8.0}], d).layers[0][0].double()
