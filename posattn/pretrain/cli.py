@@ -176,7 +176,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     group.add_argument("--multipliers", type=float, nargs="+", help="lengths as multiples of the training length")
     group.add_argument("--lengths", type=int, nargs="+", help="absolute evaluation lengths")
     e.add_argument("--tokens", type=int, default=32768, help="held-out tokens scored at every length (default 32768)")
-    e.add_argument("--rope-scaling", choices=SCALINGS, help="also evaluate rope models extended with PI or YaRN")
+    e.add_argument("--rope-scaling", choices=SCALINGS, help="also evaluate rope models extended with this rescaling")
     e.add_argument("--factor", type=float, help="fixed scaling factor (default: length / training length)")
     e.add_argument("--device", default="auto")
     e.add_argument("--threads", type=int, default=1, help=THREADS_HELP)

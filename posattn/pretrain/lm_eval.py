@@ -4,9 +4,14 @@ Every model reads the same first ``tokens`` held-out tokens of its corpus, cut i
 each evaluation length (1x-8x the training length by default); the score at a length is the mean
 cross-entropy per scored token over those windows, and perplexity its exponential. A mechanism
 that cannot run a length (e.g. ``absolute`` beyond its learned positions) gets no value there and
-the reason is recorded. For ``rope`` models, ``rope_scaling`` adds a row extended at evaluation
-time with position interpolation (``linear``) or YaRN (``yarn``), as CAT does: factor
-``length / training length`` at each longer length unless a fixed ``factor`` is given.
+the reason is recorded. ``rope_scaling`` adds a row for every model with a mechanism that
+rescales for longer inputs (:meth:`~posattn.mechanisms.base.Mechanism.length_scaled`), extended at
+evaluation time: for ``rope`` (and xPos) position interpolation (``linear``), NTK-aware (``ntk``),
+dynamic NTK (``dynamic``), YaRN (``yarn``), Llama 3.1's (``llama3``) or LongRoPE (``longrope``,
+with the short and long factors the model's rope options give), as CAT does for PI and YaRN:
+factor ``length / training length`` at each longer length unless a fixed ``factor`` is given.
+``dynamic`` also adapts its base to each length by itself (transformers' usage: a fixed
+``factor``, e.g. 2); ``longrope`` switches to its long factors beyond the training length.
 """
 from __future__ import annotations
 
@@ -32,7 +37,7 @@ from .data import Batches
 from .plots import plot_lengths
 from .run import RUN_CONFIG, evaluate
 
-SCALINGS = length_scalings()  # what the registered mechanisms offer: rope's PI and YaRN
+SCALINGS = length_scalings()  # what the registered mechanisms offer (rope: linear, ntk, dynamic, yarn, …)
 SCORE_BUDGET = 2 ** 24  # batch · length² per evaluation batch
 
 

@@ -28,6 +28,11 @@ def skip_encoder_only(spec: Any, causal: bool) -> None:
 VARIANTS: list[Any] = [
     [{"name": "rope", "scaling": "yarn", "factor": 4.0, "original_max_len": 8}],
     [{"name": "rope", "scaling": "linear", "factor": 2.0}],
+    [{"name": "rope", "scaling": "ntk", "factor": 4.0}],
+    [{"name": "rope", "fraction": 0.5, "scaling": "llama3", "factor": 4.0, "original_max_len": 8}],
+    [{"name": "rope", "scaling": "dynamic", "factor": 2.0, "original_max_len": 8}],
+    [{"name": "rope", "scaling": "longrope", "factor": 4.0, "original_max_len": 8, "short_factor": [1.0, 1.5],
+      "long_factor": [2.0, 6.0]}],
     [{"name": "t5", "share_layers": False, "num_buckets": 8, "max_distance": 12}],
     [{"name": "fixed_conv", "kernel_size": 3}],
     [{"name": "dynamic_conv", "kernel_size": 5}],

@@ -126,7 +126,7 @@ def test_bad_yaml(tmp_path):
 
 
 @pytest.mark.parametrize("spec,match", [
-    ({"name": "rope", "scaling": "ntk"}, r"^rope: unknown scaling"),
+    ({"name": "rope", "scaling": "ntkk"}, r"^rope: unknown scaling"),
     ({"name": "rope", "factor": 0.5}, r"^rope: scaling factor must be >= 1"),
     ({"name": "fixed_conv", "kernel_size": 4}, r"^fixed_conv: kernel_size must be a positive odd"),
     ({"name": "dynamic_conv", "kernel_size": 0}, r"^dynamic_conv: kernel_size"),

@@ -53,8 +53,42 @@ def test_rope_scaling_rewrites_only_rope():
     assert scaled["mechanisms"] == ["cat", {"name": "rope", "base": 500.0, "scaling": "linear", "factor": 4.0,
                                             "original_max_len": 128}]
     assert length_scaled_config({"max_len": 8, "mechanisms": ["t5"]}, "yarn", 2.0) is None
-    with pytest.raises(PositionError, match="rope: unknown length scaling 'ntk'"):
-        length_scaled_config(config, "ntk", 2.0)
+    with pytest.raises(PositionError, match="rope: unknown length scaling 'pi'"):
+        length_scaled_config(config, "pi", 2.0)
+
+
+@pytest.mark.parametrize("scaling", ["ntk", "dynamic", "yarn", "llama3"])
+def test_every_rope_scaling_rewrites_rope_options(scaling):
+    config = {"max_len": 64, "mechanisms": [{"name": "rope", "fraction": 0.5}, "alibi"]}
+    scaled = length_scaled_config(config, scaling, 3.0)
+    assert scaled["mechanisms"] == [{"name": "rope", "fraction": 0.5, "scaling": scaling, "factor": 3.0,
+                                     "original_max_len": 64}, "alibi"]
+
+
+def test_longrope_uses_the_models_factors_and_refuses_a_model_without_them():
+    factors = {"short_factor": [1.0] * 4, "long_factor": [3.0] * 4}
+    config = {"max_len": 64, "mechanisms": [{"name": "rope", **factors}]}
+    scaled = length_scaled_config(config, "longrope", 2.0)
+    assert scaled["mechanisms"] == [{"name": "rope", **factors, "scaling": "longrope", "factor": 2.0,
+                                     "original_max_len": 64}]
+    with pytest.raises(PositionError, match="longrope needs the model's rope options short_factor and long_factor"):
+        length_scaled_config({"max_len": 64, "mechanisms": ["rope"]}, "longrope", 2.0)
+
+
+def test_new_scalings_evaluate_a_trained_model(runs):
+    """ntk, dynamic and llama3 leave the model as it is at the training length (factor 1; dynamic
+    below its trained length) and change it beyond."""
+    s = subject(runs / "rope")
+    rows = length_sweep([s], multipliers=[1], tokens=256, rope_scaling="llama3", progress=False)
+    assert [r["label"] for r in rows] == ["rope", "rope + llama3"]
+    assert rows[1]["valid_loss"]["32"] == pytest.approx(rows[0]["valid_loss"]["32"], rel=1e-6)
+    ids = torch.randint(0, s.config["vocab_size"], (1, 64), generator=torch.Generator().manual_seed(0))
+    plain = lm_eval._model(s.config, s.folder, torch.device("cpu")).hidden(ids)
+    for scaling in ("ntk", "dynamic", "llama3"):
+        at_one = lm_eval._model(length_scaled_config(s.config, scaling, 1.0), s.folder, torch.device("cpu"))
+        torch.testing.assert_close(at_one.hidden(ids[:, :32]), plain[:, :32])  # causal: the first 32 rows
+        scaled = lm_eval._model(length_scaled_config(s.config, scaling, 2.0), s.folder, torch.device("cpu"))
+        assert (scaled.hidden(ids) - plain).abs().max() > 1e-4, scaling
 
 
 def test_command_writes_report_and_plots(runs, tmp_path, capsys):
