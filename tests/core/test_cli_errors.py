@@ -88,6 +88,9 @@ CASES = [
     (["bench", "--dropout", "1.5", "--out", "{out}"], 2, "probability in [0, 1)"),
     (["bench", "--dropout", "nan", "--out", "{out}"], 2, "probability in [0, 1)"),
     (["bench", "--policy", "nonsense", "--out", "{out}"], 2, "bad item(s) nonsense"),
+    (["bench", "--policy", "force=nonsense", "--out", "{out}"], 2, "force=nonsense (expects sdpa or dense"),
+    (["bench", "--ab", "native=1", "--out", "{out}"], 2, "native=1 (expects bool)"),
+    (["bench", "--policy", "grad_chunk=1.5", "--out", "{out}"], 2, "grad_chunk=1.5 (expects int)"),
     (["bench-decode", "-n", "1", "--out", "{out}"], 2, "-n: must be >= 2"),
     (["bench-decode", "--new", "0", "--out", "{out}"], 2, "--new: must be >= 1"),
     (["bench-decode", "--layers", "0", "--out", "{out}"], 2, "--layers: must be >= 1"),
@@ -148,6 +151,8 @@ CASES = [
                       ["corpus"], ["analyze", "toeplitz", "minilm"], ["analyze", "kernels", "minilm"],
                       ["study", "closeness"], ["study", "table3"], ["report", "somerecipe"]]],
     (["compare", "--out", "{root}/a-file/below"], 2, "a-file is not a folder"),
+    (["results", "list", "--results", "{root}/a-file"], 2, "--results {root}/a-file: exists and is not a folder"),
+    (["results", "add", "{root}/good", "--results", "{root}/a-file"], 2, "exists and is not a folder"),
     # configs: missing, malformed, two at once
     (["compare", "no-such-config", "--out", "{out}"], 2, "no-such-config"),
     (["compare", "{root}/bad.yaml", "--out", "{out}"], 2, "bad.yaml"),
