@@ -15,7 +15,8 @@ DESCRIPTION = """\
 Train position mechanisms side by side on a synthetic recall/copying task, evaluate every
 model at several test lengths, and write results.json, report.md and PNG plots.
 Without CONFIG it runs the built-in `default` sweep (MQAR, 1-layer cat vs 2-layer attention with
-other mechanisms, trained at one length, tested at 1x-8x; 3-5 minutes on 2 CPU cores).
+other mechanisms, trained at one length, tested at 1x-8x; about 1.5 minutes of CPU time, 3-4
+minutes of wall time on a busy 2-core machine).
 Finished cells are never re-run: rerun the same command to resume an interrupted sweep."""
 
 
