@@ -70,10 +70,14 @@ def load_weights(model: torch.nn.Module, path: str | Path) -> None:
     try:
         load_model(model, str(path))
     except Exception as e:  # noqa: BLE001 - safetensors raises its own types for a bad file, torch RuntimeError
-        lines = [line.strip() for line in str(e).strip().splitlines() if line.strip()] or [type(e).__name__]
-        why = " ".join(lines)[:300]
-        raise PositionError(f"{path}: unreadable weights ({why}); the file may be truncated, not a safetensors "
-                            f"file, or written for another config.json: copy or train it again") from None
+        raise unreadable_weights(path, e) from None
+
+
+def unreadable_weights(path: str | Path, error: Exception) -> PositionError:
+    """The error for a weights file that cannot be read (truncated, foreign, written for another model)."""
+    lines = [line.strip() for line in str(error).strip().splitlines() if line.strip()] or [type(error).__name__]
+    return PositionError(f"{path}: unreadable weights ({' '.join(lines)[:300]}); the file may be truncated, not a "
+                         f"weights file, or written for another config.json: copy or train it again")
 
 
 def from_yaml(path: str | Path) -> Transformer:

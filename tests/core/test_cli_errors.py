@@ -56,6 +56,10 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         folder.mkdir(parents=True)
         (folder / "config.json").write_text((good / "config.json").read_text())
         (folder / "model.safetensors").write_bytes(damage((good / "model.safetensors").read_bytes()))
+    for name, weights in [("hf-truncated", "model.safetensors"), ("hf-bin", "pytorch_model.bin")]:
+        (root / name).mkdir()
+        (root / name / "config.json").write_text(json.dumps({"model_type": "bert", "hidden_size": 16}))
+        (root / name / weights).write_bytes((good / "model.safetensors").read_bytes()[:100])
     (root / "badjson" / "model").mkdir(parents=True)
     (root / "badjson" / "model" / "config.json").write_text('{"format": "posattn", ')
     header = "index\tsentence1\tsentence2\tlabel\n"
@@ -164,6 +168,8 @@ CASES = [
     # truncated, foreign or missing model files
     *[(["analyze", command, "{root}/" + damaged, "--out", "{out}"], 2, "unreadable weights")
       for command in ["toeplitz", "kernels"] for damaged in ["truncated", "foreign", "empty"]],
+    *[(["analyze", command, "{root}/" + damaged, "--out", "{out}"], 2, "unreadable weights")
+      for command in ["toeplitz", "profiles"] for damaged in ["hf-truncated", "hf-bin"]],
     (["analyze", "toeplitz", "{root}/badjson", "--out", "{out}"], 2, "not valid JSON"),
     (["analyze", "toeplitz", "{root}/nowhere", "--out", "{out}"], 2, "no such folder"),
     (["analyze", "toeplitz", "{root}/a-file", "--out", "{out}"], 2, "is a file"),
