@@ -2,8 +2,9 @@
 
 Every command ends a bad input the same way: one ``posattn: error: ...`` line on stderr, exit
 status 2 for a bad command line, configuration or file (:class:`~posattn.errors.PositionError`),
-1 for a failure while running (a worker's error, an operating-system error such as a full disk),
-and no Python traceback unless ``--debug`` asks for one.
+1 for a failure while running (a worker's error, an operating-system error such as a full disk,
+an error no check foresaw), 130 when interrupted, and no Python traceback unless ``--debug``
+asks for one.
 """
 from __future__ import annotations
 
@@ -94,7 +95,23 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"posattn: error: {_message(e)}", file=sys.stderr)
         return 2 if isinstance(e, PositionError) else 1
+    except KeyboardInterrupt:
+        if args.debug:
+            raise
+        print("posattn: interrupted; rerun the same command to resume", file=sys.stderr)
+        return 130
+    except Exception as e:  # noqa: BLE001 - an error no check foresaw: still one line; --debug shows where
+        if args.debug:
+            raise
+        print(f"posattn: error: {_first_line(e)} (unforeseen: `posattn --debug ...` shows the traceback)",
+              file=sys.stderr)
+        return 1
     return status or 0
+
+
+def _first_line(error: BaseException) -> str:
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    return f"{type(error).__name__}: {lines[0]}" if lines else type(error).__name__
 
 
 def _message(error: Exception) -> str:

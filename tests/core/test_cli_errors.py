@@ -250,3 +250,20 @@ def test_bench_fails_when_every_case_failed(tmp_path, capsys):
     assert last.startswith("posattn: error: bench: every case failed (1)") and "tisa" in last
     rows = json.loads((tmp_path / "out" / "bench.json").read_text())
     assert any("error" in r for r in rows)
+
+
+@pytest.mark.parametrize("error, status, says", [
+    (ValueError("a check nobody wrote\nsecond line"), 1, "ValueError: a check nobody wrote (unforeseen: "),
+    (KeyboardInterrupt(), 130, "interrupted; rerun the same command to resume"),
+])
+def test_an_unforeseen_error_or_an_interrupt_is_one_line(error, status, says, tmp_path, capsys, monkeypatch):
+    def fails(*args, **kwargs):
+        raise error
+
+    monkeypatch.setattr("posattn.synthetic.cli.run_sweep", fails)
+    argv = ["compare", "--out", str(tmp_path / "out")]
+    got, out, err = run(argv, capsys)
+    assert got == status and "Traceback" not in out + err
+    assert len(err.splitlines()) == 1 and err.startswith("posattn: ") and says in err
+    with pytest.raises(type(error)):
+        cli.main(["--debug", *argv])
