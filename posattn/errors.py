@@ -1,19 +1,40 @@
-"""One error type for everything posattn refuses: bad input, bad configuration, bad combination;
-and one for a sweep cell that failed in a worker process."""
+"""One error type for everything posattn refuses: bad input, bad configuration, bad combination
+(:class:`PositionError`, exit status 2 on the command line); and one for work that failed while
+running (:class:`RunError`, exit status 1), such as a sweep cell that failed in a worker process."""
+import sys
 import traceback
+
+WORKER_TRACEBACK = "\nWorker traceback:\n"
 
 
 class PositionError(ValueError):
     """Raised with a message that names the mechanism (or option) and the reason."""
 
 
-class CellError(RuntimeError):
+class RunError(RuntimeError):
+    """The work itself failed (every case of a benchmark, a cell in a worker): the message says what
+    failed and why."""
+
+
+class CellError(RunError):
     """A sweep cell failed in a worker process: the message carries the cell and the worker's
     traceback as text, so it crosses the process boundary even when the original exception
     (e.g. a compiler error that holds a module) cannot be pickled."""
 
+    def summary(self) -> str:
+        """The error in one line, without the worker's traceback or a Slurm task's error text: what
+        failed and why (or where its log is); a first line that announces the error ('...:') takes
+        the error's first line along."""
+        lines = [line.strip() for line in str(self).partition(WORKER_TRACEBACK)[0].splitlines() if line.strip()]
+        if len(lines) > 1 and lines[0].endswith(":"):
+            return f"{lines[0]} {lines[1]}"
+        return lines[0] if lines else ""
+
 
 def cell_failure(what: str) -> CellError:
-    """Call inside ``except``: a :class:`CellError` naming ``what`` with the current traceback."""
-    return CellError(f"{what} failed; rerun the command to resume (finished cells are kept). "
-                     f"Worker traceback:\n{traceback.format_exc()}")
+    """Call inside ``except``: a :class:`CellError` naming ``what`` and the exception, with the
+    current traceback after :data:`WORKER_TRACEBACK` (``posattn --debug`` prints it)."""
+    error = sys.exc_info()[1]
+    reason = f"{type(error).__name__}: {str(error).strip().splitlines()[-1] if str(error).strip() else ''}"
+    return CellError(f"{what} failed ({reason.rstrip(': ')}); rerun the command to resume (finished cells are "
+                     f"kept){WORKER_TRACEBACK}{traceback.format_exc()}")

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from .experiments.executors import add_executor_options, executor_from
 from .finetune.tasks import OFFLINE_SUITE, TASKS
+from .options import positive_float, positive_int
 from .runtime.files import write_json_atomic
 
 TABLE3 = "TISA Table 3 on a pretrained transformers encoder, with posattn finetune's tasks and training loop."
@@ -46,23 +47,29 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     p = studies.add_parser("table3", help="TISA Table 3 on a pretrained encoder", description=TABLE3,
                            formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default="minilm")
-    p.add_argument("--tasks", nargs="+", default=list(OFFLINE_SUITE), choices=list(TASKS), metavar="TASK")
-    p.add_argument("--seeds", type=int, default=5)
-    p.add_argument("--max-train", type=int, default=800)
-    p.add_argument("--max-eval", type=int, default=500)
-    p.add_argument("--lr", type=float, default=1e-4)
-    p.add_argument("--epochs", type=float, default=2)
-    p.add_argument("--out", type=Path, default=Path("runs/hf/table3"))
+    p.add_argument("--model", default="minilm", help="a BERT-family folder, or minilm / mpnet (default minilm)")
+    p.add_argument("--tasks", nargs="+", default=list(OFFLINE_SUITE), choices=list(TASKS), metavar="TASK",
+                   help=f"tasks to fine-tune on (default the offline suite: {' '.join(OFFLINE_SUITE)})")
+    p.add_argument("--seeds", type=positive_int, default=5, help="seeds per task and model (default 5)")
+    p.add_argument("--max-train", type=positive_int, default=800,
+                   help="cap on training examples per task (default 800)")
+    p.add_argument("--max-eval", type=positive_int, default=500,
+                   help="cap on validation and test examples per task (default 500)")
+    p.add_argument("--lr", type=positive_float, default=1e-4, help="learning rate (default 1e-4)")
+    p.add_argument("--epochs", type=positive_float, default=2, help="training epochs (default 2)")
+    p.add_argument("--out", type=Path, default=Path("runs/hf/table3"),
+                   help="output folder (default runs/hf/table3)")
     add_executor_options(p, block=False)
     p.set_defaults(func=table3_command)
 
     p = studies.add_parser("closeness", help="how close a retrofitted encoder starts to the pretrained one",
                            description=CLOSENESS)
     p.add_argument("--model", default="minilm", help="a BERT-family folder, or minilm / mpnet")
-    p.add_argument("--kernels", type=int, default=5)
-    p.add_argument("--positions", type=int, default=128, help="positions of the F̂_P fit")
-    p.add_argument("--max-tokens", type=int, default=128)
-    p.add_argument("--texts", type=int, default=96)
-    p.add_argument("--out", type=Path, default=Path("runs/hf/closeness"))
+    p.add_argument("--kernels", type=positive_int, default=5, help="TISA kernels per head of the fit (default 5)")
+    p.add_argument("--positions", type=positive_int, default=128, metavar="N",
+                   help="positions 0..N-1 of the F̂_P fit (default 128)")
+    p.add_argument("--max-tokens", type=positive_int, default=128, help="tokens per text compared (default 128)")
+    p.add_argument("--texts", type=positive_int, default=96, help="texts compared (default 96)")
+    p.add_argument("--out", type=Path, default=Path("runs/hf/closeness"),
+                   help="output folder for closeness.json (default runs/hf/closeness)")
     p.set_defaults(func=closeness_command)

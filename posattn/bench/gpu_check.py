@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import PositionError
+from ..options import plain
 from ..runtime.files import check_name, write_bytes_atomic, write_json_atomic, write_text_atomic
 from .cases import Sizes, spec_label
 from .report import save_json
@@ -454,7 +455,7 @@ def command(args: argparse.Namespace) -> None:
 def register(sub: argparse._SubParsersAction) -> None:
     """Add ``posattn gpu-check`` (what ``scripts/gpu_check.sh`` runs)."""
     p = sub.add_parser("gpu-check", help="the prepared GPU command: CUDA tests, benchmarks and CAT cells into "
-                       "the results store within one deadline", description=__doc__,
+                       "the results store within one deadline", description=plain(__doc__),
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", required=True, type=Path, help="folder for the archive, logs and summary ($OUT)")
     p.add_argument("--stage", choices=["layer_eager", "layer_compiled", "models"],

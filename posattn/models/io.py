@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import torch
 import yaml
 from safetensors.torch import load_model, save_model
 
@@ -56,8 +57,27 @@ def is_checkpoint(folder: str | Path) -> bool:
 def load(folder: str | Path) -> Transformer:
     """Rebuild the model from ``folder`` and load its weights exactly."""
     model = build_model(read_config(folder))
-    load_model(model, str(Path(folder) / WEIGHTS))
+    load_weights(model, Path(folder) / WEIGHTS)
     return model
+
+
+def load_weights(model: torch.nn.Module, path: str | Path) -> None:
+    """Load the safetensors file ``path`` into ``model`` exactly; PositionError naming the file if it is
+    missing, truncated, not a safetensors file, or holds other tensors than the model's."""
+    path = Path(path)
+    if not path.is_file():
+        raise PositionError(f"{path}: no such weights file")
+    try:
+        load_model(model, str(path))
+    except Exception as e:  # noqa: BLE001 - safetensors raises its own types for a bad file, torch RuntimeError
+        raise unreadable_weights(path, e) from None
+
+
+def unreadable_weights(path: str | Path, error: Exception) -> PositionError:
+    """The error for a weights file that cannot be read (truncated, foreign, written for another model)."""
+    lines = [line.strip() for line in str(error).strip().splitlines() if line.strip()] or [type(error).__name__]
+    return PositionError(f"{path}: unreadable weights ({' '.join(lines)[:300]}); the file may be truncated, not a "
+                         f"weights file, or written for another config.json: copy or train it again")
 
 
 def from_yaml(path: str | Path) -> Transformer:

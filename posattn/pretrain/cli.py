@@ -8,8 +8,15 @@ from pathlib import Path
 import torch
 import yaml
 
-from ..errors import PositionError
 from ..experiments.executors import add_executor_options, budget_note, executor_from
+from ..options import (
+    add_device_option,
+    add_threads_option,
+    natural_int,
+    positive_float,
+    positive_int,
+    sequence_length,
+)
 from ..text.corpus import build_corpus
 from ..text.sources import BUILTIN, DEFAULT_SOURCES, files, load_documents, saved_dataset
 from ..text.tokenizer import KINDS
@@ -28,7 +35,7 @@ PRETRAIN_HELP = f"""\
 Pretrain a masked-LM encoder (objective mlm) or a causal-LM decoder (objective clm) with any
 mechanisms on a tokenised corpus. CONFIG is a YAML file or a built-in recipe
 ({', '.join(builtin_configs())}); without it, a tiny encoder with `absolute` positions on the
-default corpus (built on first use), about 10 minutes on 2 CPU cores. Re-running the same command
+default corpus (built on first use, about 10 s), about 3 minutes on 2 CPU cores. Re-running the same command
 resumes an interrupted run (or skips a finished one). Under `torchrun --nproc_per_node N` the same
 command trains data-parallel. `--dump-config` prints the full config with every key."""
 
@@ -37,16 +44,6 @@ Held-out perplexity (decoders) or masked-LM loss (encoders) of one or more pretr
 against evaluation context length (default 1x, 2x, 4x, 8x the training length), all on one plot.
 MODEL is a pretraining run folder (runs/pretrain-NAME[/LABEL]) or a model folder with --corpus.
 A recipe folder stands for all its runs."""
-
-
-THREADS_HELP = ("torch CPU threads per process (default 1: on a busy 2-core machine two spinning OpenMP "
-                "threads made a tiny model's step 6x slower; on an idle machine try 2)")
-
-
-def set_threads(threads: int) -> None:
-    if threads < 1:
-        raise PositionError(f"--threads must be >= 1, got {threads}")
-    torch.set_num_threads(threads)
 
 
 def corpus_command(args: argparse.Namespace) -> None:
@@ -78,7 +75,7 @@ def leave_process_group() -> None:
 
 
 def pretrain_command(args: argparse.Namespace) -> None:
-    set_threads(args.threads)
+    torch.set_num_threads(args.threads)
     name, runs = load(args.config)
     overrides = {"steps": args.steps, "batch_size": args.batch_size, "grad_accum": args.grad_accum,
                  "corpus": args.corpus, "precision": args.precision, "lr": args.lr, "objective": args.objective,
@@ -90,13 +87,15 @@ def pretrain_command(args: argparse.Namespace) -> None:
         return
     out = Path(args.out or f"runs/pretrain-{name}")
     executor = executor_from(args, out=out)   # local workers share this process's threads (--threads)
+    single = len(runs) == 1 and runs[0][0] == name
+    asked = [label for label, _ in runs if args.runs is None or label in args.runs]
+    folders = {label: out if single else out / label for label in asked}
+    finished_before = [label for label, folder in folders.items() if (folder / RESULT).exists()]
     try:
         results = run_recipe(name, runs, out, device=args.device, progress=not args.no_progress,
                              executor=executor, only=args.runs)
     finally:
         leave_process_group()
-    single = len(runs) == 1 and runs[0][0] == name
-    asked = [label for label, _ in runs if args.runs is None or label in args.runs]
     note = None if single else budget_note(sum((out / label / RESULT).exists() for label in asked), len(asked), "runs")
     if (out / "report.md").exists():
         print((out / "report.md").read_text())
@@ -106,13 +105,20 @@ def pretrain_command(args: argparse.Namespace) -> None:
                  else f"MLM accuracy {r['valid_accuracy']:.3f}")
         print(f"{name}: {r['steps']} steps, {r['tokens']:,} tokens, {r['tokens_per_s']:,.0f} tokens/s, "
               f"held-out loss {r['valid_loss']:.3f}, {extra}")
-    print(f"checkpoints, metrics and plots in {out}/ (model for fine-tuning: {out}/model or {out}/<run>/model)")
+    if finished_before and len(finished_before) == len(asked):
+        what = f"{name} was" if single else f"every run asked for ({len(asked)}) was"
+        print(f"{what} already finished in {out}/: nothing trained (use another --out to train again)")
+    objectives = {cfg.objective for label, cfg in runs if label in folders}
+    use = " or ".join(["fine-tuning (posattn finetune)"] * ("mlm" in objectives)
+                      + ["posattn eval-lm and generation"] * ("clm" in objectives))
+    print(f"checkpoints, metrics and plots in {out}/ (model for {use}: "
+          f"{out}/model" + ("" if single else f" or {out}/<run>/model") + ")")
     if note is not None:
         print(note)
 
 
 def eval_command(args: argparse.Namespace) -> None:
-    set_threads(args.threads)
+    torch.set_num_threads(args.threads)
     paths = []
     for given in map(Path, args.models):
         runs = sorted(p.parent for p in given.glob("*/result.json")) if (given / "results.json").exists() else [given]
@@ -138,32 +144,36 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     c.add_argument("--hf-split", help="its split, if it holds several")
     c.add_argument("--tokenizer", default="wordpiece",
                    help=f"{' or '.join(KINDS)} (trained on the train split), or a tokenizer.json / folder to use as is")
-    c.add_argument("--vocab-size", type=int, default=8192, help="vocabulary of a trained tokenizer (default 8192)")
+    c.add_argument("--vocab-size", type=positive_int, default=8192,
+                   help="vocabulary of a trained tokenizer (default 8192)")
     c.add_argument("--out", default="runs/corpus/default", help="corpus folder (default runs/corpus/default)")
     c.set_defaults(func=corpus_command)
 
     p = subparsers.add_parser("pretrain", help="pretrain a masked-LM encoder or causal-LM decoder on real text",
                               description=PRETRAIN_HELP, formatter_class=fmt,
                               epilog="config keys: " + ", ".join(PretrainConfig().to_dict()))
-    p.add_argument("config", nargs="?", help="YAML config/recipe or built-in recipe name")
+    p.add_argument("config", nargs="?", help="YAML config/recipe file or built-in recipe name "
+                   f"({', '.join(builtin_configs())}); default: default")
     p.add_argument("--out", help="output folder (default runs/pretrain-NAME)")
-    p.add_argument("--objective", choices=["mlm", "clm"])
+    p.add_argument("--objective", choices=["mlm", "clm"],
+                   help="mlm: masked-LM encoder (for fine-tuning); clm: causal-LM decoder; replaces the config's")
     p.add_argument("--preset", help="model size: mini, tiny, small (Chang's BERT-small), base")
     p.add_argument("--mechanisms", nargs="+", help="mechanism names, e.g. cat rope")
-    p.add_argument("--steps", type=int)
-    p.add_argument("--batch-size", type=int, help="sequences per optimizer step over all processes")
-    p.add_argument("--grad-accum", type=int, help="micro-batches per optimizer step")
-    p.add_argument("--lr", type=float)
-    p.add_argument("--seed", type=int)
+    p.add_argument("--steps", type=positive_int, help="optimizer steps; replaces the config's")
+    p.add_argument("--batch-size", type=positive_int, help="sequences per optimizer step over all processes")
+    p.add_argument("--grad-accum", type=positive_int, help="micro-batches per optimizer step")
+    p.add_argument("--lr", type=positive_float, help="peak learning rate; replaces the config's")
+    p.add_argument("--seed", type=natural_int, help="random seed of weights and data order; replaces the config's")
     p.add_argument("--corpus", help="corpus folder (default: default)")
-    p.add_argument("--precision", choices=["auto", "fp32", "bf16", "fp16"])
-    p.add_argument("--device", default="auto", help="auto (CUDA if available), cpu, cuda")
+    p.add_argument("--precision", choices=["auto", "fp32", "bf16", "fp16"],
+                   help="auto (bf16 on a GPU that has it, else fp32), fp32, bf16 or fp16 (CUDA only)")
+    add_device_option(p)
     p.add_argument("--runs", nargs="+", metavar="LABEL",
                    help="train only these runs of a recipe (their labels); the recipe's report.md covers "
                         "every finished run, so a recipe can be trained in parts")
     add_executor_options(p, block=False)
-    p.add_argument("--threads", type=int, default=1, help=THREADS_HELP)
-    p.add_argument("--no-progress", action="store_true")
+    add_threads_option(p, "process")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.add_argument("--dump-config", action="store_true", help="print the resolved config as YAML and exit")
     p.set_defaults(func=pretrain_command)
 
@@ -173,13 +183,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="run folders, recipe folders or model folders (default runs/pretrain-default)")
     e.add_argument("--corpus", help="corpus folder (default: the one each run was trained on)")
     group = e.add_mutually_exclusive_group()
-    group.add_argument("--multipliers", type=float, nargs="+", help="lengths as multiples of the training length")
-    group.add_argument("--lengths", type=int, nargs="+", help="absolute evaluation lengths")
-    e.add_argument("--tokens", type=int, default=32768, help="held-out tokens scored at every length (default 32768)")
+    group.add_argument("--multipliers", type=positive_float, nargs="+",
+                       help="lengths as multiples of the training length")
+    group.add_argument("--lengths", type=sequence_length, nargs="+", help="absolute evaluation lengths")
+    e.add_argument("--tokens", type=positive_int, default=32768,
+                   help="held-out tokens scored at every length (default 32768)")
     e.add_argument("--rope-scaling", choices=SCALINGS, help="also evaluate rope models extended with this rescaling")
-    e.add_argument("--factor", type=float, help="fixed scaling factor (default: length / training length)")
-    e.add_argument("--device", default="auto")
-    e.add_argument("--threads", type=int, default=1, help=THREADS_HELP)
+    e.add_argument("--factor", type=positive_float, help="fixed scaling factor (default: length / training length)")
+    add_device_option(e)
+    add_threads_option(e, "process")
     e.add_argument("--out", default="runs/eval-lm", help="output folder (default runs/eval-lm)")
-    e.add_argument("--no-progress", action="store_true")
+    e.add_argument("--no-progress", action="store_true", help="no progress bars")
     e.set_defaults(func=eval_command)

@@ -22,12 +22,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_model
 from tqdm.auto import tqdm
 
 from ..errors import PositionError
 from ..mechanisms import length_scalings, with_length_scaling
-from ..models.io import WEIGHTS, read_config
+from ..models.io import WEIGHTS, load_weights, read_config
 from ..models.transformer import Transformer, build_model
 from ..runtime.device import resolve_device
 from ..runtime.files import write_json_atomic, write_text_atomic
@@ -87,7 +86,7 @@ def length_scaled_config(config: dict[str, Any], scaling: str, factor: float) ->
 
 def _model(config: dict[str, Any], folder: Path, device: torch.device) -> Transformer:
     model = build_model(config)
-    load_model(model, str(folder / WEIGHTS))
+    load_weights(model, folder / WEIGHTS)
     return model.to(device).eval()
 
 

@@ -8,13 +8,15 @@ from pathlib import Path
 import yaml
 
 from posattn.experiments.executors import add_executor_options, budget_note, executor_from
+from posattn.options import add_device_option, add_threads_option
 from posattn.synthetic.compare import builtin_configs, load_config, run_sweep, schema_text, validate_config
 
 DESCRIPTION = """\
 Train position mechanisms side by side on a synthetic recall/copying task, evaluate every
 model at several test lengths, and write results.json, report.md and PNG plots.
 Without CONFIG it runs the built-in `default` sweep (MQAR, 1-layer cat vs 2-layer attention with
-other mechanisms, trained at one length, tested at 1x-8x; 3-5 minutes on 2 CPU cores).
+other mechanisms, trained at one length, tested at 1x-8x; about 1.5 minutes of CPU time, 3-4
+minutes of wall time on a busy 2-core machine).
 Finished cells are never re-run: rerun the same command to resume an interrupted sweep."""
 
 
@@ -30,14 +32,13 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     return parser
 
 
-def add_sweep_options(parser: argparse.ArgumentParser, command: str, workers: int = 1) -> None:
+def add_sweep_options(parser: argparse.ArgumentParser, command: str) -> None:
     """The options every sweep command shares: --out, the executor's (--workers, --time-limit), --threads,
     --device, --no-progress, --dump-config, --report."""
     parser.add_argument("--out", default=None, help=f"output folder (default: runs/{command}-<name>)")
-    add_executor_options(parser, workers)
-    parser.add_argument("--threads", type=int, default=1,
-                        help="torch CPU threads per worker (default 1: tiny models run fastest single-threaded)")
-    parser.add_argument("--device", default="auto", help="auto (CUDA if available), cpu, cuda or cuda:N")
+    add_executor_options(parser)
+    add_threads_option(parser)
+    add_device_option(parser)
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     parser.add_argument("--dump-config", action="store_true", help="print the config's YAML and exit")
     parser.add_argument("--report", action="store_true",

@@ -19,8 +19,8 @@ TINY = ["--quick", "--threads", "1", "--repeats", "1", "--warmup", "0"]
 
 def run_cli(tmp_path: Path, *args: str) -> list[dict]:
     out = tmp_path / "out"
-    assert main(["bench", *TINY, "--out", str(out), "--json", str(tmp_path / "rows.json"), *args]) == 0
-    return json.loads((tmp_path / "rows.json").read_text())
+    assert main(["bench", *TINY, "--out", str(out), *args]) == 0
+    return json.loads((out / "bench.json").read_text())
 
 
 def test_bench_rows_table_plot_and_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
