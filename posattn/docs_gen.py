@@ -35,6 +35,7 @@ from .mechanisms.registry import REGISTRY
 # (BERT-base), and a small model for the learned structures.
 REFERENCE_DIMS = Dims(d_model=768, n_heads=12, n_layers=12, max_len=512, n_segments=2, causal=False)
 SMALL_DIMS = Dims(d_model=64, n_heads=4, n_layers=1, max_len=32, n_segments=2, causal=False)
+STRUCTURE_LENGTH = 16
 SECTION = re.compile(r"^(\s*)(Options|Args|Arguments|Parameters):\s*$")
 ENTRY = re.compile(r"^(\w+)\s*(?:\([^)]*\))?\s*:\s*(.*)$")
 ROLE = re.compile(r":(?:class|func|meth|mod|attr|data|obj):`~?\.?([^`]+)`")
@@ -117,10 +118,9 @@ def mechanism_options(cls: type[Mechanism]) -> list[dict[str, str]]:
 
 def _structures(name: str) -> list[str]:
     """The learned position structures a mechanism exposes to the analyses (kind and label), built small."""
-    spec_dims = SMALL_DIMS
-    built = build([name], spec_dims)
+    built = build([name], SMALL_DIMS)
     mechs = built.input or built.layers[0]
-    n = 16
+    n = STRUCTURE_LENGTH
     ctx = Context(positions=torch.arange(n)[None], segments=torch.zeros(1, n, dtype=torch.long), keep=None,
                   causal=False)
     return [f"{s.kind} (`{s.label}`, shape {list(s.data.shape)})" for m in mechs for s in m.position_structures(n, ctx)]
@@ -187,7 +187,8 @@ def mechanism_section(name: str, cls: type[Mechanism], props: dict[str, Any]) ->
             f"- positional parameters at d_model 768, 12 heads, 12 layers, max_len 512: "
             f"{props['positional_params']:,}",
             f"- length rescalings (`length_scaled`): {scalings}",
-            f"- learned position structures (what `posattn analyze kernels` plots): "
+            f"- learned position structures (what `posattn analyze kernels` plots; shapes at d_model "
+            f"{SMALL_DIMS.d_model}, {SMALL_DIMS.n_heads} heads, n = {STRUCTURE_LENGTH}): "
             f"{'; '.join(structures) or 'none'}"]
     if module is not None and module.__doc__:
         body = "\n".join("    " + line if line.strip() else "" for line in
