@@ -7,6 +7,7 @@ The option descriptions come from each mechanism class's ``Options:`` docstring 
 from __future__ import annotations
 
 import html
+import os
 import re
 import subprocess
 import sys
@@ -54,8 +55,10 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
         import mkdocs  # noqa: F401
     except ImportError:
         pytest.fail("mkdocs is not installed: it is part of the test and docs extras (scripts/install.sh test)")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+           "NO_MKDOCS_2_WARNING": "1"}   # this checkout's posattn for docs/hooks.py; no theme banner
     proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(out)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=600)
+                          env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     return out
 
