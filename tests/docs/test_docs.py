@@ -7,6 +7,7 @@ The option descriptions come from each mechanism class's ``Options:`` docstring 
 from __future__ import annotations
 
 import html
+import inspect
 import os
 import re
 import subprocess
@@ -34,7 +35,7 @@ def test_options_section_is_parsed() -> None:
         mode (str): "a" or "b".
 
     Trailing text."""
-    text, options = docs_gen.split_options(docs_gen.inspect.cleandoc(doc))
+    text, options = docs_gen.split_options(inspect.cleandoc(doc))
     assert options == {"kernel_size": "the window 2k + 1 (odd).", "mode": '"a" or "b".'}
     assert text == "Summary line.\n\nTrailing text."
 
