@@ -3,10 +3,9 @@
 PyTorch's CPU allocator passes every tensor to ``malloc``. glibc serves blocks above its mmap
 threshold (at most 32 MiB by default, adapted at run time) with freshly mapped pages and unmaps
 them on free, so a training step that allocates the same large activations, scores and
-gradients every step faults every page of them in again, and the kernel zeroes each one. At
-pretraining shapes that is a large share of a CPU step: a one-block layer at n = 512, batch 64
-(``posattn bench``, 2 threads) took 2141 ms a step with the default and 1587 ms with the
-thresholds raised (−26%), with SDPA's own step and every mechanism's alike.
+gradients every step faults every page of them in again, and the kernel zeroes each one: at
+pretraining shapes a large share of a CPU step (measured in the documentation, "How the fast
+paths work").
 
 :func:`keep_freed_memory` raises the mmap and trim thresholds with ``mallopt`` for this process,
 and sets ``GLIBC_TUNABLES`` for child processes (workers, ``torchrun`` ranks) unless the user
@@ -16,12 +15,10 @@ is. Elsewhere than glibc it does nothing.
 
 The resident size does not stay at the step's peak, though: blocks of sizes that change from
 step to step (masked-LM batches score a different number of rows each step) leave holes that
-later blocks do not fit, and the heap keeps growing. A `tiny` masked-LM run (``chang_mlm``,
-batch 128) reached 8.3-8.7 GB resident after 1,000 steps, and three at once were killed for
-memory on a 24 GB machine. :func:`release_freed_memory` (``malloc_trim``) hands the free pages
-back; :func:`~posattn.pretrain.run.pretrain` calls it every :data:`RELEASE_EVERY` steps, which
-held the same run between 2.4 and 2.9 GB for about 1.6% of its time (each release takes 0.25 s
-and the next step 0.8 s longer, as it faults its pages in again).
+later blocks do not fit, and the heap keeps growing. :func:`release_freed_memory`
+(``malloc_trim``) hands the free pages back; :func:`~posattn.pretrain.run.pretrain` calls it
+every :data:`RELEASE_EVERY` steps, which bounds a long run's resident size for a small share of
+its time.
 """
 from __future__ import annotations
 

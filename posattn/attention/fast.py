@@ -24,14 +24,14 @@ the term structures, the device and the length, never from a mechanism's name:
   kernels), and for clipped tables that need a gradient at n ≥ ``band_min_n``.
 - ``flash_bias`` (CPU): everything else at n > ``dense_max_n`` (full Toeplitz tables, dense
   terms; and tables at inference, where its forward is the fused kernel with a bias *view*), and
-  tables that need a gradient from ``dense_grad_max_n`` on (at n = 512 its chunked backward costs
-  ~1.35× the fused kernel against ~1.9× for SDPA's math path on a dense bias), or from
+  tables that need a gradient from ``dense_grad_max_n`` on (where its chunked backward beats SDPA's
+  math path on a dense bias), or from
   ``fused_grad_max_n`` on where that backward is one fused C++ kernel (:mod:`.native`: tables
   alone, no padding, float32; then it costs no more than SDPA's own fused backward):
   :mod:`.flash_bias`, linear memory beyond the terms themselves.
 - ``fused`` (CPU, float32), up to ``fused_max_n``: query/key-relative terms (with or without
   tables), where the dense bias would be gathered per batch row and SDPA would run its math
-  path, and where the banded pieces cost 1.2–1.9× the kernel (n = 1024–2048; beyond 4096 banded
+  path, and where the banded pieces cost more than the kernel (beyond ``fused_max_n`` banded
   wins: it leaves most scores to SDPA's kernel); every fusable term set in a decoder from
   ``causal_fused_min_n`` on, where whole blocks of masked keys are skipped (SDPA's CPU kernel
   gains little from the mask); narrow low-rank terms alone in any decoder (causal ALiBi) and at
@@ -41,7 +41,8 @@ the term structures, the device and the length, never from a mechanism's name:
   gradients reduced from dS in the same pass.
 - ``flex`` (CUDA): FlexAttention with the terms inside the kernel (:mod:`.flex`).
 
-The thresholds are CPU measurements (``posattn bench``; 2 threads, head dim 64).
+The thresholds are CPU measurements (``posattn bench``; 2 threads, head dim 64), recorded in the
+documentation ("How the fast paths work").
 """
 from __future__ import annotations
 

@@ -15,7 +15,12 @@ from .registry import register
 
 @register("absolute")
 class Absolute(Mechanism):
-    """Learned E_P ∈ R^{max_len×d} (Devlin et al. 2019); not inductive beyond max_len."""
+    """Learned position embeddings added to the input (Devlin et al. 2019): x_i ← x_i + E_P[i],
+    E_P ∈ R^{max_len×d} learned; not inductive beyond max_len.
+
+    Options:
+        max_len: rows of the learned table E_P, the longest input it can run (default: the
+            model's ``max_len``)."""
 
     paper = "Devlin et al. 2019 (BERT); Vaswani et al. 2017"
     equation = "x_i ← x_i + E_P[i], E_P learned"
@@ -53,7 +58,11 @@ def sinusoids(positions: Tensor, d: int, base: float = 10000.0) -> Tensor:
 
 @register("sinusoidal")
 class Sinusoidal(Mechanism):
-    """Fixed sinusoids, defined at any position (inductive) but not translation invariant."""
+    """Fixed sinusoids added to the input (Vaswani et al. 2017, §3.5): defined at any position
+    (inductive) but not translation invariant.
+
+    Options:
+        base: the wavelength base of the sinusoids, PE[p, 2i] = sin(p/base^{2i/d})."""
 
     paper = "Vaswani et al. 2017, §3.5"
     equation = "x_i ← x_i + [sin(i/10000^{2k/d}), cos(i/10000^{2k/d})]_k"

@@ -29,6 +29,12 @@ def half_window(kernel_size: int, name: str) -> int:
 
 @register("fixed_conv")
 class FixedConv(Mechanism):
+    """Fixed lightweight convolution (Chang et al. 2021, Eq 4): s_ij += β_h[clip(j − i, −k, k)], one
+    learned scalar per head and offset within the window, offsets beyond it clipped to the edge.
+
+    Options:
+        kernel_size: the window 2k + 1 (odd); offsets beyond ±k share the edge weight."""
+
     paper = "Chang et al. 2021, Eq 4 (= Raffel et al. 2020 without buckets)"
     equation = "s_ij += β_h[clip(j−i, −k, k)]"
     acts_on = ("score",)
@@ -64,12 +70,24 @@ class RelativeEmbeddingConv(Mechanism):
 
 @register("dynamic_conv")
 class DynamicConv(RelativeEmbeddingConv):
+    """Dynamic lightweight convolution (Chang et al. 2021, Eq 5; Shaw et al. 2018's relative keys):
+    s_ij += q_i·W_C[clip(j − i, −k, k)]/√d_h, W_C ∈ R^{(2k+1)×d_h} shared by the heads.
+
+    Options:
+        kernel_size: the window 2k + 1 (odd); offsets beyond ±k share the edge row of W_C."""
+
     paper = "Chang et al. 2021, Eq 5 (= Shaw et al. 2018 relative keys)"
     equation = "s_ij += q_i·W_C[clip(j−i, −k, k)]/√d_h"
 
 
 @register("key_dynamic_conv")
 class KeyDynamicConv(RelativeEmbeddingConv):
+    """Key-based dynamic convolution (Chang et al. 2021, §3.2; Huang et al. 2020):
+    s_ij += k_j·W[clip(i − j, −k, k)]/√d_h, the relative embedding read from the key.
+
+    Options:
+        kernel_size: the window 2k + 1 (odd); offsets beyond ±k share the edge row of W."""
+
     paper = "Chang et al. 2021, §3.2 (= Huang et al. 2020)"
     equation = "s_ij += k_j·W[clip(i−j, −k, k)]/√d_h"
     key_side = True
@@ -77,6 +95,12 @@ class KeyDynamicConv(RelativeEmbeddingConv):
 
 @register("composite")
 class Composite(Mechanism):
+    """Composite convolution (Chang et al. 2021, Eq 6): the fixed and the dynamic lightweight
+    convolutions together, s_ij += q_i·W_C[clip(j − i)]/√d_h + β_h[clip(j − i)].
+
+    Options:
+        kernel_size: the window 2k + 1 (odd) of both convolutions."""
+
     paper = "Chang et al. 2021, Eq 6"
     equation = "s_ij += q_i·W_C[clip(j−i)]/√d_h + β_h[clip(j−i)]"
     acts_on = ("score",)

@@ -12,11 +12,10 @@
   decoder, centered in an encoder; optional ℓ2 row-norm of Q and K with a learned temperature.
   Filters start as the identity (a delta at r = 0). One filter per channel by default
   (``depthwise=True``, the "short convolutions" of practice); ``depthwise=False`` shares one
-  scalar filter by all channels, as in CAT's theory (Thm 1). Measured with posattn (2026-11-23,
-  MQNAR at length 64, bigram keys): a shared filter plateaus at 0.79 accuracy with kernel 3 or
-  5, per-channel filters reach 1.00 in 200 steps (``lincat``: 1.00 per-channel, 0.48 shared).
-  The plateau comes from the sharing, not the kernel length: one scalar pair mixes the two key
-  tokens identically in every channel.
+  scalar filter by all channels, as in CAT's theory (Thm 1). One layer of shared filters cannot
+  untangle keys of two tokens (MQNAR with bigram keys), since one scalar pair mixes the two key
+  tokens identically in every channel; per-channel filters can (measured in the documentation,
+  Mechanisms guide).
   ``lincat`` and ``landmark_cat`` reuse these convolutions (the ``CAT convolutions`` claim:
   one of them per model).
 """
@@ -52,6 +51,13 @@ def check_targets(targets: str, allowed: str, name: str) -> str:
 
 @register("depthwise_conv")
 class DepthwiseConv(Mechanism):
+    """Fixed depthwise convolution of the values added to the attention output (Chang et al. 2021,
+    Eq 7): o_i,c += Σ_r β_{r,c} v_{i+r,c}, r ∈ [−k, k] (r ≤ 0 in a decoder).
+
+    Options:
+        kernel_size: the filter length 2k + 1 (odd); a decoder keeps the present and the k
+            past taps."""
+
     paper = "Chang et al. 2021, Eq 7"
     equation = "o_i,c += Σ_r β_{r,c} v_{i+r,c}"
     acts_on = ("output",)
@@ -74,6 +80,15 @@ class DepthwiseConv(Mechanism):
 
 @register("conv_qkv")
 class ConvQKV(Mechanism):
+    """Convolutional Q/K/V (Chang et al. 2021, §5): in a fraction of the heads a depthwise-separable
+    convolution of the layer input (depthwise, then pointwise) replaces the linear projection.
+
+    Options:
+        fraction: the share of heads whose projections are convolutions (0 < fraction ≤ 1,
+            rounded to whole heads; at least one).
+        targets: which projections the convolution replaces, letters from "qkv".
+        kernel_size: the depthwise filter length (odd in an encoder; 9 as in ConvBERT)."""
+
     paper = "Chang et al. 2021, §5 and Table 3"
     equation = "q,k,v (a fraction of heads) ← pointwise(depthwise_conv(x))"
     cost_class = "convolution"
@@ -113,6 +128,19 @@ class ConvQKV(Mechanism):
 
 @register("cat")
 class CAT(Mechanism):
+    """Convolution-augmented attention (Li et al. 2024, CAT, Fig 2 and Thm 1): filters convolved along
+    the sequence with the projections, Q = F_q∗(XW_q), K = F_k∗(XW_k), V = F_v∗(XW_v); causal in a
+    decoder, centered in an encoder, each filter starting as the identity.
+
+    Options:
+        kernel_size: the filter length (odd in an encoder; a decoder's filter reads the
+            present and kernel_size − 1 past positions).
+        depthwise: True: one filter per channel (the "short convolutions" of practice);
+            False: one scalar filter shared by all channels, as in CAT's theory (Thm 1).
+        targets: which of q, k, v are filtered, letters from "qkv".
+        qk_norm: ℓ2-normalise the rows of Q and K and scale the scores by a learned
+            per-head temperature."""
+
     paper = "Li et al. 2024 (CAT), Fig 2 and Thm 1"
     equation = "Q = F_q∗(XW_q), K = F_k∗(XW_k), V = F_v∗(XW_v)"
     incremental = "prefix"  # causal filters read earlier rows: decoding re-filters the cached projections

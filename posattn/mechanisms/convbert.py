@@ -34,6 +34,15 @@ from .registry import register
 
 @register("convbert")
 class ConvBERT(Mechanism):
+    """ConvBERT's mixed attention (Jiang et al. 2020; Chang et al. 2021, App. A.3), a mixer: softmax
+    heads on half the channels beside span-based dynamic-convolution heads on the other half.
+
+    Options:
+        head_ratio: H // head_ratio softmax heads (at least one) and as many convolution
+            heads, each half of the channels split among them.
+        conv_kernel_size: the span K of the dynamic convolution and of the depthwise
+            convolution that gates its kernels."""
+
     paper = "Jiang et al. 2020 (ConvBERT); Chang et al. 2021, App. A.3"
     equation = "[softmax(q k̃ᵀ)v ; Σ_m softmax_m(W_κ(q ⊙ sepconv(x)))·u_{i+m}]"
     acts_on = ("mixer",)

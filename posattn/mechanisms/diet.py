@@ -26,6 +26,14 @@ Sharing = Literal["none", "head", "layer"]
 
 @register("diet_abs")
 class DietAbs(Mechanism):
+    """DIET-ABS (Chen et al. 2021, Eq 1): a per-head low-rank position term in the scores,
+    s_ij += (P_Q P_Kᵀ)_ij, P_Q, P_K ∈ R^{max_len×d_p} read at the input's position ids.
+
+    Options:
+        rank: d_p, the rank of the term (default: the head size d_h).
+        sharing: "none" (own P per layer and head), "head" (one P per layer shared by its
+            heads) or "layer" (one P per head shared by all layers)."""
+
     paper = "Chen et al. 2021 (DIET), Eq 1 and Theorem 1"
     equation = "s_ij += (P_Q P_Kᵀ)_ij"
     acts_on = ("score",)
@@ -63,6 +71,13 @@ class DietAbs(Mechanism):
 
 @register("diet_rel")
 class DietRel(Mechanism):
+    """DIET-REL (Chen et al. 2021, Eq 3): s_ij += R_h[clip(j − i)], one learned scalar per head and
+    offset, with no log binning.
+
+    Options:
+        max_distance: offsets beyond ±max_distance share the edge value (default: max_len − 1,
+            every offset its own)."""
+
     paper = "Chen et al. 2021 (DIET), Eq 3"
     equation = "s_ij += R_h[clip(j−i)]"
     acts_on = ("score",)

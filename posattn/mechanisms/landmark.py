@@ -80,6 +80,20 @@ class Slots:
 
 @register("landmark_cat")
 class LandmarkCAT(CAT):
+    """Landmark CAT (Li et al. 2024, §5 and Fig 4), a mixer: CAT's filters on q, k, v, then each
+    query picks the top_k blocks by its score against one landmark per block and attends over
+    those blocks and its own.
+
+    Options:
+        kernel_size: CAT's filter length (see ``cat``).
+        depthwise: CAT's per-channel (True) or shared (False) filters.
+        targets: which of q, k, v CAT filters, letters from "qkv".
+        qk_norm: CAT's ℓ2-normalised q and k with a learned temperature.
+        block_size: B, positions per block (default: the power of two nearest √max_len).
+        top_k: how many blocks each query attends to besides its own.
+        selection: "hard" (the paper's choice, no gradient through it, landmark = block mean)
+            or "soft" (a learned landmark filter whose scores bias the chosen keys)."""
+
     paper = "Li et al. 2024 (CAT), Landmark CAT, Fig 4"
     equation = "CAT q,k,v; ℓ_c = block conv of k; attend over top-k blocks by q·ℓ and the own block"
     translation_invariant = False

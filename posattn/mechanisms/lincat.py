@@ -68,6 +68,17 @@ def linear_attention(fq: Tensor, fk: Tensor, v: Tensor, causal: bool, chunk: int
 
 @register("lincat")
 class LinCAT(CAT):
+    """LinCAT (Li et al. 2024; Katharopoulos et al. 2020, Eq 4-6), a mixer: CAT's filters on q, k, v,
+    then linear attention o_i = Σ_j φ(q_i)·φ(k_j) v_j / Σ_j φ(q_i)·φ(k_j) with φ = elu + 1.
+
+    Options:
+        kernel_size: CAT's filter length (see ``cat``).
+        depthwise: CAT's per-channel (True) or shared (False) filters.
+        targets: which of q, k, v CAT filters, letters from "qkv".
+        qk_norm: CAT's ℓ2-normalised q and k with a learned temperature.
+        chunk: positions per chunk of the decoder's prefix-sum form (the fast path's
+            memory/time trade-off; the result does not depend on it)."""
+
     paper = "Li et al. 2024 (CAT), LinCAT; Katharopoulos et al. 2020, Eq 4-6"
     equation = "CAT q,k,v; o_i = Σ_j φ(q_i)·φ(k_j) v_j / Σ_j φ(q_i)·φ(k_j), φ = elu + 1"
     mixes = True

@@ -35,6 +35,14 @@ SHARINGS = ("none", "head", "kv", "layer")
 
 @register("linformer")
 class Linformer(Mechanism):
+    """Linformer (Wang et al. 2020, Eq 7), a mixer: keys and values projected along the length,
+    softmax(q (E K)ᵀ/√d_h)(F V) with E, F ∈ R^{k×max_len}; O(n·k), encoder only, not inductive.
+
+    Options:
+        k: the projected length.
+        sharing: "none" (own E, F per head), "head" (one E, F per layer), "kv" (also E = F)
+            or "layer" (one E = F for every layer and head)."""
+
     paper = "Wang et al. 2020 (Linformer), Eq 7; Chen et al. 2021 (DIET), §3.3"
     equation = "softmax(q (E K)ᵀ/√d_h)(F V), E, F ∈ R^{k×n}"
     acts_on = ("mixer",)
@@ -92,6 +100,15 @@ class Linformer(Mechanism):
 
 @register("diet_abs_lin")
 class DietAbsLin(Linformer):
+    """DIET-ABS on Linformer (Chen et al. 2021, Eq 4), a mixer: Linformer's projected scores plus
+    a per-head position term (P_Q P_Kᵀ)_ij, P_Q ∈ R^{max_len×d_p}, P_K ∈ R^{k×d_p}.
+
+    Options:
+        k: the projected length.
+        sharing: Linformer's sharing of E and F ("none", "head", "kv", "layer"; with "layer"
+            P_Q and P_K are shared by every layer too).
+        rank: d_p, the rank of the position term (default: the head size d_h)."""
+
     paper = "Chen et al. 2021 (DIET), Eq 4"
     equation = "q_i·(E K)_j/√d_h + (P_Q P_Kᵀ)_ij, P_Q ∈ R^{n×d_p}, P_K ∈ R^{k×d_p}"
 

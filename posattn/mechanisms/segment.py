@@ -20,6 +20,13 @@ from .registry import register
 
 @register("segment")
 class Segment(Mechanism):
+    """Segment information (Chen et al. 2021, DIET Eq 2, or BERT's input segment embeddings): a
+    learned per-head table of segment pairs in the scores, or an embedding added to the input.
+
+    Options:
+        mode: "attention" (DIET: s_ij += S_h[S(i), S(j)], low rank) or "input" (BERT:
+            x_i += E_seg[S(i)])."""
+
     paper = "Chen et al. 2021 (DIET), Eq 1-2; Devlin et al. 2019 (input segment embeddings)"
     equation = "s_ij += S_h[S(i), S(j)]  (or x_i += E_seg[S(i)])"
     acts_on = ("score",)

@@ -39,6 +39,17 @@ def t5_bucket(r: Tensor, bidirectional: bool, num_buckets: int, max_distance: in
 
 @register("t5")
 class T5Bias(Mechanism):
+    """T5's relative position bias (Raffel et al. 2020, §2.1): s_ij += B_h[bucket(j − i)], a learned
+    scalar per head and log-spaced bucket of offsets, shared across layers by default.
+
+    Options:
+        num_buckets: buckets in all (half of them per direction when bidirectional); half of
+            those are exact offsets, the rest logarithmic.
+        max_distance: offsets at or beyond it share the last bucket.
+        bidirectional: separate buckets for the future (default: True in an encoder, False in
+            a decoder, where True is refused).
+        share_layers: one table for every layer (T5's choice) instead of one per layer."""
+
     paper = "Raffel et al. 2020 (T5), §2.1; DIET Table 2"
     equation = "s_ij += B_h[bucket(j−i)]"
     acts_on = ("score",)

@@ -43,6 +43,14 @@ def tisa_window(r: Tensor, b: Tensor, c: Tensor) -> int | None:
 
 @register("tisa")
 class TISA(Mechanism):
+    """Translation-invariant self-attention (Wennberg & Henter 2021, Eq 4-5): s_ij += f_θ(j − i),
+    f_θ(r) = Σ_s a_s exp(−|b_s|(r − c_s)²), one function per head and layer.
+
+    Options:
+        n_kernels: S, the Gaussian kernels per head.
+        mode: "replace" (TISA alone, no input position embedding: Eq 4 case b) or
+            "supplement" (on top of ``absolute`` or ``sinusoidal`` in the same model: case a)."""
+
     paper = "Wennberg & Henter 2021 (TISA), Eq 4-5"
     equation = "s_ij += Σ_s a_s exp(−|b_s|(j−i−c_s)²)"
     acts_on = ("score",)

@@ -26,6 +26,16 @@ from .t5 import T5Bias
 
 @register("tupe")
 class TUPE(Mechanism):
+    """TUPE, untied positional encoding (Ke et al. 2021): s_ij = q_i·k_j/√(2d_h) +
+    (p_i U_Q)(p_j U_K)ᵀ/√(2d_h), one learned position embedding p shared by all layers and never
+    added to the input.
+
+    Options:
+        untie_cls: replace the [CLS] (first) token's position terms by learned scalars per head
+            (default: on in an encoder, off in a decoder).
+        relative_bias: TUPE-R: add a T5 bucket bias, which does not reach the untied [CLS] row
+            and column."""
+
     paper = "Ke et al. 2021 (TUPE); Chen et al. 2021 (DIET) Table 2"
     equation = "s_ij = q_i·k_j/√(2d_h) + (p_iU_Q)(p_jU_K)ᵀ/√(2d_h)"
     acts_on = ("q", "score")
