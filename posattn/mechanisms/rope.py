@@ -175,7 +175,27 @@ def tables(positions: Tensor, theta: Tensor, mscale: float, width: int,
 
 @register("rope")
 class RoPE(Mechanism):
-    """Rotary embedding; see the module docstring for every option's equation and source."""
+    """Rotary embedding; see the module docstring for every option's equation and source.
+
+    Options:
+        base: the frequency base (10⁴ in RoFormer; 5·10⁵ in Llama 3).
+        fraction: the share of each head's channels that is rotated, in (0, 1]; the first
+            fraction·d_h channels (an even number) rotate, the rest pass through (GPT-NeoX
+            rotary_pct; x-transformers rotary_emb_dim = fraction·d_h).
+        scaling: none, linear, ntk, dynamic, yarn, llama3 or longrope.
+        factor: the context extension s ≥ 1 (target / trained length).
+        original_max_len: the trained context L the rescalings start from (default: max_len).
+        beta_fast: YaRN's β (rotations per L above which a frequency is not interpolated; Peng et al. Eq. 18).
+        beta_slow: YaRN's α (rotations per L below which a frequency is fully interpolated).
+        yarn_ramp: ratio (the paper) or dimension (the released code, transformers).
+        low_freq_factor: llama3's lower wavelength bound L/low_freq_factor.
+        high_freq_factor: llama3's upper wavelength bound L/high_freq_factor.
+        short_factor: LongRoPE's r/2 per-frequency factors used up to L.
+        long_factor: LongRoPE's r/2 per-frequency factors used beyond L.
+        attention_factor: overrides YaRN's or LongRoPE's q/k magnitude factor.
+        xpos: add xPos's decay ζ^{(i−j)/B} (Sun et al. 2022; decoders only).
+        scale_base: xPos's B, the distance over which the decay acts (512 in the paper's code).
+    """
 
     paper = ("Su et al. 2021 (RoFormer); Sun et al. 2022 (xPos); Chen et al. 2023 (PI); Peng et al. 2023 "
              "(YaRN); Ding et al. 2024 (LongRoPE); CAT §LM")
@@ -191,23 +211,6 @@ class RoPE(Mechanism):
                  low_freq_factor: float = 1.0, high_freq_factor: float = 4.0,
                  short_factor: list[float] | None = None, long_factor: list[float] | None = None,
                  attention_factor: float | None = None, xpos: bool = False, scale_base: float = 512.0) -> None:
-        """Options (module docstring for the equations):
-
-        - ``base``: the frequency base (10⁴ in RoFormer; 5·10⁵ in Llama 3);
-        - ``fraction``: the share of each head's channels that is rotated, in (0, 1]; the first
-          ``fraction``·d_h channels (an even number) rotate, the rest pass through (GPT-NeoX
-          ``rotary_pct``; x-transformers ``rotary_emb_dim`` = fraction·d_h);
-        - ``scaling``: ``none``, ``linear``, ``ntk``, ``dynamic``, ``yarn``, ``llama3`` or ``longrope``;
-        - ``factor``: the context extension s ≥ 1 (target / trained length);
-        - ``original_max_len``: the trained context L the rescalings start from (default: max_len);
-        - ``beta_fast``, ``beta_slow``: YaRN's β and α (rotations per L; Peng et al. Eq. 18);
-        - ``yarn_ramp``: ``ratio`` (the paper) or ``dimension`` (the released code, transformers);
-        - ``low_freq_factor``, ``high_freq_factor``: llama3's wavelength bounds L/low and L/high;
-        - ``short_factor``, ``long_factor``: LongRoPE's r/2 per-frequency factors, used up to and
-          beyond L;
-        - ``attention_factor``: overrides YaRN's or LongRoPE's q/k magnitude factor;
-        - ``xpos``: add xPos's decay ζ^{(i−j)/B} (Sun et al. 2022; decoders only);
-        - ``scale_base``: xPos's B, the distance over which the decay acts (512 in the paper's code)."""
         super().__init__(dims, shared)
         if not 0 < fraction <= 1:
             raise PositionError(f"rope: fraction must be in (0, 1], got {fraction}")
