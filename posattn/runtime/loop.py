@@ -25,6 +25,7 @@ learning rate per step, cadences, stopping rules). The loop owns everything else
 from __future__ import annotations
 
 import math
+import sys
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
@@ -109,8 +110,9 @@ def run_loop(model: nn.Module, optimizer: torch.optim.Optimizer, plan: Plan, ste
     ``evaluate(state)`` returns the metrics of an evaluation row (rank 0 only). ``config``: the
     settings the checkpoint must have been written with (``ignore``: keys free to change on
     resume). ``on_checkpoint``: called on rank 0 after each checkpoint (e.g. to export the model).
-    ``on_step(step)``: called after every step (tests interrupt runs with it). The caller holds the
-    run folder's lock (:func:`~posattn.runtime.lock.run_lock`).
+    ``on_step(step)``: called after every step (tests interrupt runs with it). With ``progress``, a
+    resumed run says on stderr from which step. The caller holds the run folder's lock
+    (:func:`~posattn.runtime.lock.run_lock`).
     """
     path = Path(checkpoint) if checkpoint is not None else None
     world = world or World()
@@ -126,6 +128,8 @@ def run_loop(model: nn.Module, optimizer: torch.optim.Optimizer, plan: Plan, ste
         world.set_rng(saved["rng"], device)
         state = LoopState(**saved["loop"])
         state.earlier = (state.seconds, state.cpu_seconds)
+        if progress and world.main and not state.done:
+            print(f"{plan.description}: resuming from step {state.step} of {plan.steps} ({path})", file=sys.stderr)
     else:
         torch.manual_seed(plan.seed)
     if log is not None:

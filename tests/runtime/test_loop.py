@@ -81,7 +81,7 @@ def test_target_stops_early():
     assert state.step == 5 and [r["step"] for r in state.history] == [5]
 
 
-def test_resume_from_any_checkpoint_matches_an_uninterrupted_run(tmp_path):
+def test_resume_from_any_checkpoint_matches_an_uninterrupted_run(tmp_path, capsys):
     plan = Plan(steps=12, lr=lambda s: 0.05 * (1 - s / 12), eval_every=4, checkpoint_every=3, log_every=2)
     model, optimizer, step_fn, evaluate = problem()
     whole = run_loop(model, optimizer, plan, step_fn, evaluate, device=CPU, progress=False)
@@ -106,8 +106,9 @@ def test_resume_from_any_checkpoint_matches_an_uninterrupted_run(tmp_path):
 
     model, optimizer, step_fn, evaluate = problem(seed=5)   # another init: everything comes from the checkpoint
     log = MetricsLog(tmp_path)
-    resumed = run_loop(model, optimizer, plan, step_fn, evaluate, device=CPU, progress=False,
+    resumed = run_loop(model, optimizer, plan, step_fn, evaluate, device=CPU, progress=True,
                        checkpoint=tmp_path / "c.pt", config={"a": 1}, log=log)
+    assert f"train: resuming from step 6 of 12 ({tmp_path / 'c.pt'})" in capsys.readouterr().err
     assert all(torch.equal(reference[k], v) for k, v in model.state_dict().items())
     assert resumed.history == whole.history and resumed.counters == {"tokens": 96}
     assert resumed.earlier[0] > 0
