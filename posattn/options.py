@@ -83,6 +83,22 @@ def add_json_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help=JSON_HELP)
 
 
+def add_training_options(parser: argparse.ArgumentParser) -> None:
+    """``--compile [MODE]`` and ``--log-to DEST``: how a training command trains and logs, never what
+    it computes (neither is part of a run's identity, so both may change when a run resumes)."""
+    from posattn.runtime.compile import COMPILE_MODES
+    from posattn.runtime.metrics import MIRRORS
+
+    parser.add_argument("--compile", nargs="?", const="default", choices=COMPILE_MODES, metavar="MODE",
+                        help="run each training step's forward and backward through torch.compile (MODE: "
+                             f"{', '.join(COMPILE_MODES)}; default 'default'; 'reduce-overhead' adds CUDA graphs; "
+                             "'dynamo' captures graphs without code generation); evaluation stays eager")
+    parser.add_argument("--log-to", nargs="+", default=[], choices=MIRRORS, metavar="DEST",
+                        help=f"also send every metrics row to DEST ({', '.join(MIRRORS)}: scalars in "
+                             "<run folder>/tensorboard; needs pip install 'posattn[tensorboard]'); "
+                             "metrics.jsonl stays the record")
+
+
 def add_threads_option(parser: argparse.ArgumentParser, what: str = "worker") -> None:
     """``--threads N`` (default 1): torch CPU threads per ``what``."""
     parser.add_argument("--threads", type=positive_int, default=1,

