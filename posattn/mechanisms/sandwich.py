@@ -7,9 +7,9 @@ head as ALiBi's slopes are:
     p_i · p_j = Σ_{k=0}^{d'/2−1} cos((i − j) · ω_k),   ω_k = 10000^{−2k/d'}
 
 since sin a sin b + cos a cos b = cos(a − b). It depends on i − j alone (a fixed Toeplitz table,
-even in i − j, so the same in an encoder as in the paper's decoders) and decays with distance
-at first, like ALiBi's penalty, but stays bounded: its oscillations give the long-range
-receptive field the paper analyses.
+even in i − j, so the same in an encoder as in the paper's decoders): 0 at distance 0, falling
+with distance at first like ALiBi's penalty, then levelling off near −(d'/2)/(8h/H) as the
+cosines average out, with small oscillations.
 """
 from __future__ import annotations
 

@@ -162,17 +162,26 @@ def test_alibi_on_a_subset_of_heads():
     assert (bias[0, 3] == 0).all() and (bias[0, :3].abs().sum((-1, -2)) > 0).all()
 
 
-def test_alibi_learned_slopes_start_geometric_and_learn():
-    m = model([{"name": "alibi", "learned": True}], seed=0)
-    mech = m.blocks[0].attn.mechanisms[0]
-    names = [n for n, _ in mech.named_parameters()]
-    assert names == ["log_slopes"]
+def test_alibi_learned_slopes_start_geometric():
     fresh = build([{"name": "alibi", "learned": True}], dims()).layers[0][0]
+    assert [n for n, _ in fresh.named_parameters()] == ["log_slopes"]
     torch.testing.assert_close(fresh.slopes, alibi_slopes(4))
-    run(m, tokens(2, N)).pow(2).sum().backward()
-    assert mech.log_slopes.grad.abs().min() > 0
     bias, mech = bias_of({"name": "alibi", "learned": True}, seed=2)
     torch.testing.assert_close(bias[0], alibi_bias(mech.slopes, mech.slopes).detach())
+
+
+@pytest.mark.parametrize("path", ["reference", "fast"])
+@pytest.mark.parametrize("spec,causal", [
+    ({"name": "alibi", "learned": True}, False), ({"name": "alibi", "learned": True, "heads": 2}, True),
+    ({"name": "alibi", "learned": True, "bidirectional": "asymmetric"}, False),
+])
+def test_alibi_learned_slopes_receive_gradients(spec, causal, path):
+    m = model([spec], causal=causal, seed=0, path=path, dtype=torch.float32)
+    run(m, tokens(2, N)).pow(2).sum().backward()
+    mech = m.blocks[0].attn.mechanisms[0]
+    k = spec.get("heads", 4)
+    for name, p in mech.named_parameters():
+        assert p.shape == (k,) and p.grad is not None and p.grad.abs().min() > 0, name
 
 
 def test_alibi_asymmetric_has_its_own_future_slopes():
@@ -211,7 +220,7 @@ def test_forgetting_decoder_term_is_the_sum_of_log_gates_between_key_and_query()
     (term,) = mech.score_terms(q, q, context(N, 2, True, x=x))
     assert isinstance(term, LowRank) and term.u.shape[-1] == 2  # folded into q/k
     dense = term.dense(N).detach()
-    gates = torch.sigmoid(x @ mech.gates.weight.T + mech.gates.bias)  # [b, n, h]
+    gates = torch.sigmoid(x @ mech.gates.weight.T + mech.gates.bias).detach()  # [b, n, h]
     for b in range(2):
         for h in range(4):
             for i in range(N):
@@ -229,7 +238,7 @@ def test_forgetting_encoder_decays_towards_the_future_with_its_own_gates():
     q = torch.zeros(1, 4, N, 4, dtype=torch.float64)
     (term,) = mech.score_terms(q, q, context(N, 1, False, x=x))
     assert isinstance(term, Dense)
-    log_f = torch.nn.functional.logsigmoid(x @ mech.gates.weight.T + mech.gates.bias)[0]  # [n, 2h]
+    log_f = torch.nn.functional.logsigmoid(x @ mech.gates.weight.T + mech.gates.bias)[0].detach()  # [n, 2h]
     for h in range(4):
         for i in range(N):
             for j in range(N):
@@ -261,6 +270,25 @@ def test_table_mechanisms_declare_toeplitz_terms():
         q = torch.zeros(1, 4, N, 4, dtype=torch.float64)
         (term,) = mech.score_terms(q, q, context(N, 1))
         assert isinstance(term, Toeplitz) and term.table.shape == (4, 2 * N - 1)
+
+
+def test_positional_parameter_counts():
+    from posattn.mechanisms import Dims, properties
+
+    d, H, L = 32, 4, 3
+    for causal in (False, True):
+        dm = Dims(d, H, L, 64, 3, causal)
+        count = {name: properties(name, dm)["positional_params"]
+                 for name in ("kerple", "sandwich", "dynamic_pos_bias", "forgetting")}
+        w = d // 4
+        assert count["kerple"] == 2 * H * L  # r₁, r₂ per head and layer
+        assert count["sandwich"] == 0
+        assert count["dynamic_pos_bias"] == (w + w) + (w * w + w) + (w * H + H)  # one MLP, shared
+        assert count["forgetting"] == (d + 1) * H * (1 if causal else 2) * L  # gates per layer
+    dm = Dims(d, H, L, 64, 3, False)
+    assert properties({"name": "alibi", "learned": True, "heads": 3}, dm)["positional_params"] == 3 * L
+    assert properties({"name": "alibi", "learned": True, "bidirectional": "asymmetric"}, dm)[
+        "positional_params"] == 2 * H * L
 
 
 # -- errors ------------------------------------------------------------------------------------
