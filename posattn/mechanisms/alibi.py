@@ -60,7 +60,7 @@ class ALiBi(Mechanism):
         super().__init__(dims, shared)
         self.validate({"heads": heads, "learned": learned, "bidirectional": bidirectional}, [], dims)
         self.n_biased = dims.n_heads if heads is None else heads
-        self.asymmetric = bidirectional == "asymmetric"
+        self.learned, self.asymmetric = learned, bidirectional == "asymmetric"
         start = alibi_slopes(self.n_biased)
         if learned:
             self.log_slopes = nn.Parameter(start.log())
@@ -91,7 +91,7 @@ class ALiBi(Mechanism):
     @property
     def slopes(self) -> Tensor:
         """m_h for every head [H] (past side; zero where a head is unbiased)."""
-        return self._full(self.log_slopes.exp() if hasattr(self, "log_slopes") else self.fixed)
+        return self._full(self.log_slopes.exp() if self.learned else self.fixed)
 
     def future_slopes(self) -> Tensor:
         """m'_h [H] for keys after the query (the past slopes unless asymmetric)."""
