@@ -12,8 +12,9 @@ tokens at positions p … n − 1:
 - a mechanism whose q/k/v transform reads earlier rows (``"prefix"``: CAT's causal filters)
   has the raw projections cached and the transform re-applied to the whole history each step
   (O(n·K) for a K-tap filter, still linear);
-- anything else (an output transform such as depthwise_conv, conv_qkv's convolution of the layer
-  input, a mixer) cannot decode incrementally: :func:`blockers` names it, and callers recompute
+- anything else (an output transform such as depthwise_conv, a hook that reads the layer input
+  x, which the cache does not keep for earlier rows, such as conv_qkv's convolution or a forget
+  gate, a mixer) cannot decode incrementally: :func:`blockers` names it, and callers recompute
   the prefix instead.
 
 A mechanism states its mode as ``incremental = "rows" | "prefix"``; one that adds only score
@@ -63,8 +64,9 @@ class KVCache:
 
 
 def mode(m: Mechanism) -> Mode | None:
-    """How ``m`` decodes incrementally, or None if it cannot (a mixer never can)."""
-    if getattr(m, "mixes", False):
+    """How ``m`` decodes incrementally, or None if it cannot (a mixer never can, nor a mechanism
+    whose hooks read the layer input x: the cache holds no x of earlier rows)."""
+    if getattr(m, "mixes", False) or getattr(m, "reads_layer_input", False):
         return None
     declared = getattr(m, "incremental", None)
     if declared is not None:

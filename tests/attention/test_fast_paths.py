@@ -344,6 +344,8 @@ SPECS: list[Any] = [
     ["composite", {"name": "t5", "num_buckets": 8, "max_distance": 12}, "diet_abs"],
     ["composite", "t5", "segment"],
     ["key_dynamic_conv", "dynamic_conv", "tisa"],
+    "kerple", {"name": "kerple", "kernel": "power"}, "sandwich", "dynamic_pos_bias", "forgetting",
+    {"name": "alibi", "learned": True, "heads": 1},
 ]
 
 

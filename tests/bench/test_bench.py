@@ -208,10 +208,11 @@ def test_ab_times_every_mechanism_again_under_other_policy_fields(tmp_path: Path
 def test_targets_come_from_the_cost_classes_and_keep_the_issues_lists() -> None:
     """The targets derive from each mechanism's cost class; they equal the issues' lists (4, 11)."""
     cheap = ["none", "absolute", "sinusoidal", "rope", "alibi", "diet_abs", "tupe", "segment", "cat", "conv_qkv",
-             "depthwise_conv"]
-    tables = ["t5", "fixed_conv", "dynamic_conv", "composite", "key_dynamic_conv", "diet_rel", "tisa"]
+             "depthwise_conv", "sandwich"]
+    tables = ["t5", "fixed_conv", "dynamic_conv", "composite", "key_dynamic_conv", "diet_rel", "tisa", "kerple",
+              "dynamic_pos_bias"]
     assert TRAIN_TARGETS == {**dict.fromkeys(cheap, 1.25), **dict.fromkeys(tables, 1.6)}
     score_terms = ["t5", "fixed_conv", "dynamic_conv", "key_dynamic_conv", "composite", "tisa", "diet_rel", "alibi",
-                   "segment"]
+                   "segment", "kerple", "sandwich", "dynamic_pos_bias"]
     heavy = ["conv_qkv", "depthwise_conv", "cat", "diet_abs", "tupe"]
     assert GRID_TARGETS == {**dict.fromkeys(score_terms, (1.10, 1.05)), **dict.fromkeys(heavy, (1.25, 1.15))}

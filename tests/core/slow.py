@@ -1,5 +1,6 @@
 """An independent, loop-by-loop attention layer written from the spec's formulas (SPEC.md table,
-Chang Eq 4-7, TISA Eq 5, DIET Eq 1-3, Raffel's buckets, Press's ALiBi, Su's RoPE, Ke's TUPE, CAT).
+Chang Eq 4-7, TISA Eq 5, DIET Eq 1-3, Raffel's buckets, Press's ALiBi, Su's RoPE, Ke's TUPE, CAT,
+Chi's KERPLE and Sandwich, SwinV2's dynamic position bias, the Forgetting Transformer's gates).
 
 It reads the parameters of a built :class:`posattn.attention.layer.Attention` and recomputes the
 layer's output with plain Python loops over heads, queries and keys; nothing here calls posattn's
@@ -15,7 +16,8 @@ from torch import Tensor
 # Mechanisms this module has a formula for; a newly registered mechanism fails the coverage test
 # until its formula is written here.
 COVERED = {"none", "rope", "alibi", "t5", "fixed_conv", "dynamic_conv", "key_dynamic_conv", "composite",
-           "depthwise_conv", "conv_qkv", "cat", "tisa", "diet_abs", "diet_rel", "segment", "tupe"}
+           "depthwise_conv", "conv_qkv", "cat", "tisa", "diet_abs", "diet_rel", "segment", "tupe",
+           "kerple", "sandwich", "dynamic_pos_bias", "forgetting"}
 
 
 def t5_bucket_ref(rel: int, bidirectional: bool, num_buckets: int, max_distance: int) -> int:
@@ -58,12 +60,61 @@ def conv_along(x: Tensor, w: Tensor, causal: bool, keep: Tensor | None) -> Tenso
     return y
 
 
+def mlp_ref(layers, v: list[float]) -> list[float]:
+    """An MLP of Linear / LayerNorm / SiLU modules applied to the vector v, written out."""
+    for layer in layers:
+        kind = type(layer).__name__
+        if kind == "Linear":
+            W, b = layer.weight.tolist(), layer.bias.tolist()
+            v = [sum(W[o][c] * v[c] for c in range(len(v))) + b[o] for o in range(len(W))]
+        elif kind == "LayerNorm":
+            mean = sum(v) / len(v)
+            var = sum((a - mean) ** 2 for a in v) / len(v)
+            w, b = layer.weight.tolist(), layer.bias.tolist()
+            v = [(a - mean) / math.sqrt(var + layer.eps) * w[c] + b[c] for c, a in enumerate(v)]
+        else:
+            assert kind == "SiLU", kind
+            v = [a / (1 + math.exp(-a)) for a in v]
+    return v
+
+
+def forget_bias(mech, x: Tensor, bidx: int, h: int, i: int, j: int) -> Tensor | float:
+    """Lin et al. 2025: Σ_{t=j+1..i} log σ(w_h·x_t + b_h) for j ≤ i; in an encoder the second
+    gates' Σ_{t=i+1..j} log σ(w'_h·x_t + b'_h) for j > i."""
+    H = mech.dims.n_heads
+    lo, hi, gate = (j + 1, i, h) if j <= i else (i + 1, j, h + H)
+    total = 0.0
+    for t in range(lo, hi + 1):
+        z = x[bidx, t] @ mech.gates.weight[gate] + mech.gates.bias[gate]
+        total = total + torch.log(torch.sigmoid(z)) * mech.post_log_scale
+    return total
+
+
 def position_bias(mech, name: str, h: int, i: int, j: int, q: Tensor, k: Tensor, bidx: int,
-                  segments: Tensor, dh: int, causal: bool, n: int, positions: Tensor) -> Tensor | float:
-    """The additive score term of one mechanism for head h, query i, key j."""
+                  segments: Tensor, dh: int, causal: bool, n: int, positions: Tensor,
+                  x: Tensor | None = None) -> Tensor | float:
+    """The additive score term of one mechanism for head h, query i, key j (``x``: the layer input)."""
     r = j - i
-    if name == "alibi":
-        return -float(mech.slopes[h]) * abs(r)
+    if name == "alibi":  # the past slope for j ≤ i, the future one (asymmetric) for j > i
+        slope = mech.slopes[h] if r <= 0 else mech.future_slopes()[h]
+        return -slope * abs(r)
+    if name == "kerple":  # Chi et al. 2022, with the parameters clamped to their ranges
+        r1 = max(float(mech.r1[h].detach()), 1e-2)
+        r2 = max(float(mech.r2[h].detach()), 1e-2)
+        if mech.kernel == "log":
+            return -r1 * math.log(1 + r2 * abs(r))
+        return -r1 * abs(r) ** min(r2, 2.0)
+    if name == "sandwich":  # Chi et al. 2023: (p_i·p_j − d'/2) / (8h/H), h = 1 … H
+        pi, pj = sinusoid_ref(int(positions[bidx, i]), mech.dim), sinusoid_ref(int(positions[bidx, j]), mech.dim)
+        H = mech.dims.n_heads
+        return (sum(a * b for a, b in zip(pi, pj)) - mech.dim / 2) / (8 * (h + 1) / H)
+    if name == "dynamic_pos_bias":  # MLP(i − j), or of sign·log(1 + |i − j|)
+        delta = float(i - j)
+        if mech.log_distance:
+            delta = math.copysign(math.log(1 + abs(delta)), delta) if delta else 0.0
+        return mlp_ref(mech.mlp, [delta])[h]
+    if name == "forgetting":
+        return forget_bias(mech, x, bidx, h, i, j)
     if name == "t5":
         bucket = t5_bucket_ref(r, mech.bidirectional, mech.num_buckets, mech.max_distance)
         return mech.bias.weight[bucket, h]
@@ -192,7 +243,8 @@ def slow_layer(attn, x: Tensor, keep: Tensor | None, causal: bool, segments: Ten
                         continue
                     s = (q[bi, h, i] @ k[bi, h, j]) * scale
                     for mech in attn.mechanisms:
-                        s = s + position_bias(mech, mech.name, h, i, j, q, k, bi, segments, dh, causal, n, positions)
+                        s = s + position_bias(mech, mech.name, h, i, j, q, k, bi, segments, dh, causal, n, positions,
+                                              x)
                     row.append(s)
                 p = torch.softmax(torch.stack(row), 0)
                 o[bi, h, i] = sum(p[j] * v[bi, h, j] for j in range(n))

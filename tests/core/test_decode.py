@@ -9,7 +9,7 @@ from posattn.attention.decode import KVCache, blockers, mode
 from posattn.attention.terms import Dense, LowRank, QueryRelative, Toeplitz
 from posattn.mechanisms import names
 
-CANNOT = {"depthwise_conv", "conv_qkv"}  # output transform / convolution of the layer input
+CANNOT = {"depthwise_conv", "conv_qkv", "forgetting"}  # output transform; conv of, or gates from, the layer input
 
 
 def decoder(mechanisms: list) -> Decoder:

@@ -44,6 +44,12 @@ LAYER_SPECS = [n for n in NAMES if n not in INPUT_LEVEL] + [
     {"name": "linformer", "k": 3, "sharing": "kv"},
     {"name": "convbert", "head_ratio": 1, "conv_kernel_size": 3},
     {"name": "lincat", "chunk": 3},
+    {"name": "kerple", "kernel": "power"},
+    {"name": "sandwich", "dim": 6},
+    {"name": "dynamic_pos_bias", "log_distance": True, "norm": True, "depth": 1},
+    {"name": "alibi", "heads": 3, "learned": True},
+    {"name": "alibi", "learned": True, "bidirectional": "asymmetric"},
+    {"name": "forgetting", "bias_init": 0.5, "post_log_scale": 2.0},
 ]
 
 

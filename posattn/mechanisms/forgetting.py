@@ -1,0 +1,69 @@
+"""Data-dependent ALiBi: the Forgetting Transformer's forget gate (Lin et al. 2025, "Forgetting
+Transformer: Softmax Attention with a Forget Gate"; x-transformers' ``data_dependent_alibi``).
+
+Each head has a scalar forget gate per token, computed from the layer's input x:
+
+    f_t = σ(w_h · x_t + b_h),   c_i = Σ_{t ≤ i} log f_t,
+    s_ij += c_i − c_j = Σ_{t = j+1}^{i} log f_t   (j ≤ i)
+
+a decay that ALiBi would give with log f_t = −m_h, but learned and content-dependent. In a
+decoder the term is exactly rank 2, u_i = (c_i, 1) and v_j = (1, −c_j), so it folds into q/k
+like any low-rank term. In an encoder (x-transformers' bidirectional form) a second set of gates
+f'_t decays towards the future, s_ij += c'_j − c'_i for j ≥ i: the two triangles make it a dense
+[b, h, n, n] term. ``post_log_scale`` multiplies log f (x-transformers' option); the gate bias
+starts at ``bias_init`` (x-transformers' 5: σ(5) ≈ 0.993, a slow decay at first).
+
+The gates read the layer input x, which cached decoding does not keep for earlier tokens, so a
+model with this mechanism recomputes the prefix when generating.
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+from torch.nn import functional as F
+
+from ..attention.terms import Dense, LowRank, Term
+from .base import Context, Dims, Mechanism, Structure
+from .registry import register
+
+
+@register("forgetting")
+class ForgettingGate(Mechanism):
+    paper = "Lin et al. 2025 (Forgetting Transformer); x-transformers data_dependent_alibi"
+    equation = "s_ij += Σ_{t=j+1..i} log σ(w·x_t + b)"
+    acts_on = ("score",)
+    cost_class = "data_dependent_bias"
+    reads_layer_input = True
+
+    def __init__(self, dims: Dims, shared: dict[str, nn.Module], bias_init: float = 5.0,
+                 post_log_scale: float = 1.0) -> None:
+        """``bias_init``: the gates' initial bias b (σ(b) is the initial forget gate).
+        ``post_log_scale``: a constant multiplying log f."""
+        super().__init__(dims, shared)
+        sides = 1 if dims.causal else 2  # an encoder's second set decays towards the future
+        self.gates = nn.Linear(dims.d_model, sides * dims.n_heads)
+        nn.init.constant_(self.gates.bias, bias_init)
+        self.post_log_scale = post_log_scale
+
+    def cumulative_log_gates(self, x: Tensor) -> Tensor:
+        """c [b, sides·H, n]: the cumulative sums of the scaled log forget gates (summed in at
+        least float32: under bf16 autocast a long sum would lose the small per-token decays)."""
+        z = self.gates(x)
+        z = z.float() if z.dtype in (torch.float16, torch.bfloat16) else z
+        return (F.logsigmoid(z) * self.post_log_scale).cumsum(1).transpose(1, 2)
+
+    def score_terms(self, q: Tensor, k: Tensor, ctx: Context) -> list[Term]:
+        assert ctx.x is not None, "the attention layer sets the layer input ctx.x"
+        c = self.cumulative_log_gates(ctx.x).to(q.dtype)
+        h = self.dims.n_heads
+        past, future = c[:, :h], c[:, h:]
+        if ctx.causal:
+            ones = torch.ones_like(past)
+            return [LowRank(u=torch.stack([past, ones], -1), v=torch.stack([ones, -past], -1))]
+        lower = (past[..., :, None] - past[..., None, :]).tril()  # c_i − c_j, j ≤ i
+        upper = (future[..., None, :] - future[..., :, None]).triu()  # c'_j − c'_i, j ≥ i
+        return [Dense(lower + upper)]
+
+    def position_structures(self, n: int, ctx: Context) -> list[Structure]:
+        """None: the bias is computed from the input, not a position structure of its own."""
+        return []
