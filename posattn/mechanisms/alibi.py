@@ -46,6 +46,16 @@ def alibi_slopes(h: int) -> Tensor:
 
 @register("alibi")
 class ALiBi(Mechanism):
+    """ALiBi: a fixed linear penalty on the distance, one geometric slope per head (Press et al. 2022, §3).
+
+    Options:
+        heads: how many heads (the first ones) get a slope, as in a model of that many heads; the
+            others are unbiased (x-transformers alibi_num_heads). None: every head.
+        learned: learn the slopes (as log-slopes, starting from the geometric values).
+        bidirectional: the encoder form: symmetric (one slope for both sides) or asymmetric
+            (separate learned past and future slopes; encoders only, needs learned).
+    """
+
     paper = "Press et al. 2022 (ALiBi)"
     equation = "s_ij += −m_h·|j−i|"
     acts_on = ("score",)
@@ -54,9 +64,6 @@ class ALiBi(Mechanism):
     def __init__(self, dims: Dims, shared: dict[str, nn.Module], heads: int | None = None,
                  learned: bool = False,
                  bidirectional: Literal["symmetric", "asymmetric"] = "symmetric") -> None:
-        """``heads``: how many heads (the first ones) get a slope; None: all. ``learned``: learn
-        the slopes (as log-slopes). ``bidirectional``: the encoder form, ``"symmetric"`` or
-        ``"asymmetric"`` (separate learned past and future slopes; encoders only)."""
         super().__init__(dims, shared)
         self.validate({"heads": heads, "learned": learned, "bidirectional": bidirectional}, [], dims)
         self.n_biased = dims.n_heads if heads is None else heads

@@ -24,6 +24,17 @@ from .registry import register
 
 @register("dynamic_pos_bias")
 class DynamicPositionBias(Mechanism):
+    """Dynamic position bias: a small MLP maps the signed distance to one bias per head (SwinV2's
+    continuous relative position bias, Liu et al. 2022; x-transformers DynamicPositionBias).
+
+    Options:
+        hidden: the MLP's width (None: d_model // 4, as x-transformers).
+        depth: the number of hidden layers (>= 1).
+        log_distance: feed sign(i−j)·log(1 + abs(i−j)) instead of i − j (SwinV2's log-spaced coordinates).
+        norm: a LayerNorm after each hidden linear layer.
+        share_layers: one MLP for every layer.
+    """
+
     paper = "Liu et al. 2022 (SwinV2); x-transformers DynamicPositionBias"
     equation = "s_ij += MLP(i−j)_h"
     acts_on = ("score",)
@@ -32,10 +43,6 @@ class DynamicPositionBias(Mechanism):
 
     def __init__(self, dims: Dims, shared: dict[str, nn.Module], hidden: int | None = None, depth: int = 2,
                  log_distance: bool = False, norm: bool = False, share_layers: bool = True) -> None:
-        """``hidden``: the MLP's width (None: d_model // 4, as x-transformers). ``depth``: the
-        number of hidden layers (>= 1). ``log_distance``: feed sign(i−j)·log(1 + |i−j|) instead of
-        i − j. ``norm``: a LayerNorm after each hidden linear layer. ``share_layers``: one MLP for
-        every layer."""
         super().__init__(dims, shared)
         width = max(dims.d_model // 4, 1) if hidden is None else hidden
         if not isinstance(width, int) or width < 1:

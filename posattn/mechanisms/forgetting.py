@@ -29,6 +29,15 @@ from .registry import register
 
 @register("forgetting")
 class ForgettingGate(Mechanism):
+    """Data-dependent ALiBi: the Forgetting Transformer's forget gates f_t = σ(w_h·x_t + b_h) give
+    the bias Σ_{t=j+1..i} log f_t = c_i − c_j (Lin et al. 2025), a rank-2 term in a decoder;
+    an encoder adds its own gates towards the future (x-transformers data_dependent_alibi).
+
+    Options:
+        bias_init: the gates' initial bias b (σ(b) is the initial forget gate; 5 keeps almost everything).
+        post_log_scale: a constant multiplying log f.
+    """
+
     paper = "Lin et al. 2025 (Forgetting Transformer); x-transformers data_dependent_alibi"
     equation = "s_ij += Σ_{t=j+1..i} log σ(w·x_t + b)"
     acts_on = ("score",)
@@ -37,8 +46,6 @@ class ForgettingGate(Mechanism):
 
     def __init__(self, dims: Dims, shared: dict[str, nn.Module], bias_init: float = 5.0,
                  post_log_scale: float = 1.0) -> None:
-        """``bias_init``: the gates' initial bias b (σ(b) is the initial forget gate).
-        ``post_log_scale``: a constant multiplying log f."""
         super().__init__(dims, shared)
         sides = 1 if dims.causal else 2  # an encoder's second set decays towards the future
         self.gates = nn.Linear(dims.d_model, sides * dims.n_heads)

@@ -42,14 +42,20 @@ def kerple_table(distance: Tensor, r1: Tensor, r2: Tensor, kernel: str) -> Tenso
 
 @register("kerple")
 class KERPLE(Mechanism):
+    """KERPLE: a conditionally positive definite kernel of the distance as the bias, r₁, r₂ > 0
+    learned per head (Chi et al. 2022; kept positive by clamping at 1e-2).
+
+    Options:
+        kernel: log (−r₁·log(1 + r₂·abs(i−j)), the variant the paper recommends) or power
+            (−r₁·abs(i−j)^r₂ with 0 < r₂ ≤ 2).
+    """
+
     paper = "Chi et al. 2022 (KERPLE)"
     equation = "s_ij += −r₁·log(1 + r₂|i−j|)  (or −r₁|i−j|^r₂)"
     acts_on = ("score",)
     cost_class = "learned_table"
 
     def __init__(self, dims: Dims, shared: dict[str, nn.Module], kernel: Literal["log", "power"] = "log") -> None:
-        """``kernel``: ``"log"`` (−r₁·log(1 + r₂|i−j|), the variant the paper recommends) or
-        ``"power"`` (−r₁·|i−j|^{r₂})."""
         super().__init__(dims, shared)
         if kernel not in KERNELS:
             raise PositionError(f"kerple: unknown kernel {kernel!r}; valid: {', '.join(KERNELS)}")

@@ -33,14 +33,20 @@ def sandwich_table(n: int, dim: int, n_heads: int, base: float = 10000.0) -> Ten
 
 @register("sandwich")
 class Sandwich(Mechanism):
+    """Sandwich: the bias is the inner product of d'-dimensional sinusoidal position embeddings,
+    shifted and scaled per head (Chi et al. 2023: (p_i·p_j − d'/2)/(8h/H)); no parameters.
+
+    Options:
+        dim: d', the width of the sinusoidal embeddings whose inner product is the bias (even;
+            larger d' adds slower frequencies, so the bias keeps decaying further out).
+    """
+
     paper = "Chi et al. 2023 (Sandwich)"
     equation = "s_ij += (p_i·p_j − d'/2)/(8h/H)"
     acts_on = ("score",)
     cost_class = "fixed_bias"
 
     def __init__(self, dims: Dims, shared: dict[str, nn.Module], dim: int = 128) -> None:
-        """``dim``: d', the width of the sinusoidal embeddings whose inner product is the bias
-        (even; larger d' adds slower frequencies, so the bias keeps decaying further out)."""
         super().__init__(dims, shared)
         if not isinstance(dim, int) or dim < 2 or dim % 2:
             raise PositionError(f"sandwich: dim (d') must be an even integer >= 2, got {dim!r}")
