@@ -1,13 +1,15 @@
 """The config layer shared by every sweep (``compare``, ``finetune``, ``pretrain`` recipes).
 
 Each kind of config declares its keys once, as a pydantic model derived from :class:`Schema`
-(:mod:`posattn.synthetic.schema`, :mod:`posattn.finetune.schema`, :class:`posattn.pretrain.config.PretrainConfig`;
+(:mod:`posattn.synthetic.schema`, :mod:`posattn.finetune.schema`, :class:`posattn.pretrain.config.PretrainSchema`;
 :data:`posattn.experiments.schemas.CONFIG_SCHEMAS` lists them): type, default and a description per key.
 From that one declaration come
 
 - validation: :func:`check` reports every problem of a config at once, one readable line per
   problem (``key.path: reason``), unknown keys named with the valid ones; a command raises them as
-  one :class:`ConfigError`, the one error a bad config raises whichever command reads it;
+  one :class:`ConfigError`, the one error a bad config raises whichever command reads it. A check
+  that combines keys (lengths against ``max_len``, a model built from its sizes and mechanisms)
+  runs once the keys it reads are valid on their own, and its problems join the others;
 - the ``--help`` text of each command (:func:`schema_text`) and the documentation's tables
   (:func:`schema_markdown`), so that neither is written by hand.
 
@@ -190,8 +192,10 @@ def _reason(error: dict[str, Any]) -> str:
         bound = "at least" if kind == "too_short" else "at most"
         count = error["ctx"]["min_length" if kind == "too_short" else "max_length"]
         return f"must have {bound} {count} item(s), got {error['input']!r}"
+    if kind in ("model_type", "model_attributes_type", "dict_type"):
+        return f"must be a mapping of keys, got {error['input']!r}"
     msg = msg.replace("Input should be", "must be").replace("should have", "must have")
-    if "input" in error and kind not in ("model_type", "model_attributes_type"):
+    if "input" in error:
         msg += f", got {error['input']!r}"
     return msg[0].lower() + msg[1:]
 
