@@ -149,27 +149,23 @@ def fail(what: str, problems: list[str]) -> None:
 
 
 def problem_lines(error: ValidationError, schema: type[BaseModel]) -> list[str]:
-    """pydantic's errors as lines ``key.path: reason``; the unknown keys of one mapping make one line
+    """pydantic's errors as lines ``key.path: reason``. Unknown keys come first, the top level's
+    before nested ones (a misspelt key often explains the rest); those of one mapping make one line
     that names the valid keys."""
-    lines: dict[Any, Any] = {}          # in the order found; an unknown-key line gathers its keys
+    unknown: dict[tuple, list[str]] = {}
+    lines = []
     for e in error.errors(include_url=False):
         loc = e["loc"]
         if e["type"] == "extra_forbidden":
-            lines.setdefault(("unknown", loc[:-1]), []).append(str(loc[-1]))
+            unknown.setdefault(loc[:-1], []).append(str(loc[-1]))
         elif isinstance(e.get("ctx", {}).get("error"), Problems):
-            for line in e["ctx"]["error"].lines:
-                lines[len(lines)] = line
+            lines += e["ctx"]["error"].lines
         else:
-            lines[len(lines)] = f"{key_path(loc)}: {_reason(e)}" if loc else _reason(e)
-    out = []
-    for key, line in lines.items():
-        if isinstance(key, tuple):
-            parent = key[1]
-            valid = ", ".join(_fields_at(schema, parent))
-            where = f"{key_path(parent)}: " if parent else ""
-            line = f"{where}unknown key(s) {', '.join(line)}; valid keys: {valid}"
-        out.append(line)
-    return out
+            lines.append(f"{key_path(loc)}: {_reason(e)}" if loc else _reason(e))
+    first = [f"{key_path(parent) + ': ' if parent else ''}unknown key(s) {', '.join(keys)}; "
+             f"valid keys: {', '.join(_fields_at(schema, parent))}"
+             for parent, keys in sorted(unknown.items(), key=lambda item: len(item[0]))]
+    return first + lines
 
 
 def key_path(loc: tuple[Any, ...]) -> str:
