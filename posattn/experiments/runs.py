@@ -25,9 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from posattn.errors import PositionError
+from posattn.experiments.config import read_yaml
 from posattn.experiments.store import read_json
 
 TABLE3_RECIPE = "tisa_table3"
@@ -48,17 +47,6 @@ class Run:
     total: int | None
     command: str
     device: str | None = None
-
-
-def read_yaml(path: Path) -> dict[str, Any]:
-    """A YAML mapping; one error naming the file otherwise."""
-    try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
-        raise PositionError(f"{path}: not a readable YAML file ({e})") from None
-    if not isinstance(raw, dict):
-        raise PositionError(f"{path}: the top level must be a mapping of config keys")
-    return raw
 
 
 def _mapping(value: Any, path: Path, keys: tuple[str, ...]) -> dict[str, Any]:

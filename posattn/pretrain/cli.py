@@ -20,7 +20,7 @@ from ..options import (
 from ..text.corpus import build_corpus
 from ..text.sources import BUILTIN, DEFAULT_SOURCES, files, load_documents, saved_dataset
 from ..text.tokenizer import KINDS
-from .config import PretrainConfig, builtin_configs, load, with_overrides
+from .config import builtin_configs, load, schema_text, with_overrides
 from .lm_eval import SCALINGS, length_sweep, subject, write_report
 from .recipe import run_recipe
 from .run import RESULT
@@ -151,7 +151,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     p = subparsers.add_parser("pretrain", help="pretrain a masked-LM encoder or causal-LM decoder on real text",
                               description=PRETRAIN_HELP, formatter_class=fmt,
-                              epilog="config keys: " + ", ".join(PretrainConfig().to_dict()))
+                              epilog=schema_text())
     p.add_argument("config", nargs="?", help="YAML config/recipe file or built-in recipe name "
                    f"({', '.join(builtin_configs())}); default: default")
     p.add_argument("--out", help="output folder (default runs/pretrain-NAME)")

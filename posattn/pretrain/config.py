@@ -1,4 +1,4 @@
-"""Pretraining configuration as data: one dataclass, size presets, every bad key reported at once.
+"""Pretraining configuration as data: one dataclass, its schema, size presets, every bad key reported at once.
 
 A run config is a YAML mapping of :class:`PretrainConfig` fields. A *recipe* is the same mapping
 plus ``runs:``, a list of per-run overrides (each with a ``label``), trained one after another
@@ -6,19 +6,17 @@ with the shared settings: a sweep as data.
 """
 from __future__ import annotations
 
-import math
-from dataclasses import asdict, dataclass, field, fields, replace
-from importlib import resources
+from dataclasses import MISSING, asdict, dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
 
-import yaml
+from pydantic import BeforeValidator, Field, field_validator, model_validator
 
 from .. import schedule
 from ..errors import PositionError
 from ..experiments import config as config_loader
-from ..experiments.config import ConfigError, is_int
-from ..mechanisms import Dims, validate
+from ..experiments.config import ConfigError, Mechanism, Number, Schema, as_list
+from ..mechanisms import Dims, registry, validate
 from ..models.config import ModelConfig
 from ..runtime.files import name_problem
 
@@ -38,16 +36,8 @@ MODEL_KEYS = tuple(f.name for f in fields(ModelConfig) if f.name not in ("vocab_
 
 @dataclass
 class PretrainConfig:
-    """Everything that determines a pretraining run (objective, model, data, optimisation).
-
-    ``objective``: ``mlm`` trains an :class:`~posattn.Encoder` (masked LM), ``clm`` a
-    :class:`~posattn.Decoder` (causal LM). ``preset`` gives the sizes; ``model`` overrides any
-    :class:`~posattn.ModelConfig` field (``max_len`` is the training sequence length).
-    ``batch_size`` counts sequences per optimizer step over all processes and micro-batches.
-    ``warmup`` < 1 is a fraction of ``steps``; the learning rate then decays linearly to 0
-    (Chang Table 4). ``corpus``: a folder written by ``posattn corpus``, or ``default`` (built
-    from the offline sources under ``runs/corpus/default`` on first use). ``data_workers``:
-    processes that build batches ahead (None: 2 on CUDA, 0 on the CPU, where batches cost ~1% of a step).
+    """Everything that determines a pretraining run (objective, model, data, optimisation); each field
+    is described, bounded and checked in :class:`PretrainSchema`, which :func:`parse` validates against.
     """
 
     name: str = "default"
@@ -101,51 +91,99 @@ class PretrainConfig:
         return asdict(self)
 
 
+def _default(key: str) -> Any:
+    """The default of a :class:`PretrainConfig` field (the schema's defaults are the dataclass's)."""
+    f = next(f for f in fields(PretrainConfig) if f.name == key)
+    return f.default_factory() if f.default is MISSING else f.default
+
+
+CHANG = "Chang et al. 2021, Table 4"
+BERT = "BERT, Devlin et al. 2019, App. A.2"
+
+
+class PretrainSchema(Schema):
+    """A recipe is this mapping plus runs:, a list of per-run overrides, each with a label (a run's model:
+    overrides merge into the recipe's); the runs train one after another with the shared settings and
+    land in <out>/<label>."""
+
+    name: str = Field(_default("name"), description="run name; default output folder runs/pretrain-<name>")
+    objective: Literal[tuple(OBJECTIVES)] = Field(
+        _default("objective"), description="mlm: a masked-LM encoder; clm: a causal-LM decoder")
+    preset: Literal[tuple(PRESETS)] = Field(
+        _default("preset"), description="model sizes: " + "; ".join(
+            f"{k}: " + ", ".join(f"{a} {b}" for a, b in v.items()) for k, v in PRESETS.items())
+        + " (small: Chang et al.'s BERT-small, Table 4, with embedding size = hidden size)")
+    mechanisms: Annotated[list[Mechanism], BeforeValidator(as_list)] = Field(
+        default_factory=lambda: _default("mechanisms"),
+        description=f"position mechanisms, each a name or a mapping with its options; valid names: "
+                    f"{', '.join(registry.names())}")
+    model: dict[str, Any] = Field(default_factory=lambda: _default("model"),
+                                  description=f"overrides of the preset's ModelConfig fields ({', '.join(MODEL_KEYS)});"
+                                              f" max_len is the training sequence length")
+    corpus: str = Field(_default("corpus"), description="a folder written by posattn corpus, or default (built from "
+                                                        "the offline sources under runs/corpus/default on first use)")
+    steps: int = Field(_default("steps"), ge=1, description="optimizer steps")
+    batch_size: int = Field(_default("batch_size"), ge=1, description="sequences per optimizer step over all "
+                                                                      "processes and micro-batches")
+    grad_accum: int = Field(_default("grad_accum"), ge=1, description="micro-batches per optimizer step")
+    lr: Number = Field(_default("lr"), gt=0, lt=1, description="peak learning rate of AdamW")
+    warmup: Number = Field(_default("warmup"), ge=0, description=f"linear warmup, a fraction of steps below 1, else "
+                                                                 f"a number of steps; then linear decay to 0 ({CHANG})")
+    weight_decay: Number = Field(_default("weight_decay"), ge=0, lt=10, description=f"AdamW weight decay ({BERT})")
+    betas: Annotated[list[Annotated[Number, Field(ge=0, lt=1)]], Field(min_length=2, max_length=2)] = Field(
+        default_factory=lambda: _default("betas"), description=f"Adam betas ({BERT})")
+    eps: Number = Field(_default("eps"), gt=0, description="Adam epsilon (BERT's reference code)")
+    grad_clip: Number = Field(_default("grad_clip"), ge=0, description="gradient norm clipping (0: none)")
+    mask_prob: Number = Field(_default("mask_prob"), gt=0, lt=1,
+                              description=f"fraction of tokens masked for the MLM objective ({BERT}, as Chang et al. "
+                                          f"2021)")
+    dropout: Number = Field(_default("dropout"), ge=0, lt=1, description=f"dropout probability ({BERT})")
+    eval_every: int = Field(_default("eval_every"), ge=1, description="steps between held-out evaluations")
+    eval_sequences: int = Field(_default("eval_sequences"), ge=1, description="held-out sequences per evaluation")
+    checkpoint_every: int = Field(_default("checkpoint_every"), ge=1, description="steps between resumable "
+                                                                                  "checkpoints")
+    log_every: int = Field(_default("log_every"), ge=1, description="steps between rows of metrics.jsonl")
+    seed: int = Field(_default("seed"), ge=0, description="model initialisation, masking and batch order")
+    precision: Literal[PRECISIONS] = Field(_default("precision"), description="auto: bf16 on a CUDA device that "
+                                                                             "supports it, else fp32; fp16: CUDA only")
+    data_workers: int | None = Field(_default("data_workers"), ge=0,
+                                     description="processes that build batches ahead (null: 2 on CUDA, 0 on the "
+                                                 "CPU, where batches cost ~1% of a step)")
+
+    @field_validator("model")
+    @classmethod
+    def _model_keys(cls, model: dict[str, Any]) -> dict[str, Any]:
+        unknown = sorted(set(model) - set(MODEL_KEYS))
+        if unknown:
+            raise ValueError(f"unknown key(s) {', '.join(map(str, unknown))}; valid keys: {', '.join(MODEL_KEYS)}")
+        return model
+
+    @model_validator(mode="after")
+    def combined(self) -> PretrainSchema:
+        """The model the sizes and mechanisms make must be one posattn can build."""
+        try:
+            mc = self.config().model_config(vocab_size=1000)
+            validate(mc.mechanisms, Dims(mc.d_model, mc.n_heads, mc.n_layers, mc.max_len, mc.n_segments,
+                                         self.objective == "clm"))
+        except PositionError as e:
+            raise ValueError(str(e)) from None
+        return self
+
+    def config(self) -> PretrainConfig:
+        """The run config: the keys given, the others at their defaults."""
+        return PretrainConfig(**{k: getattr(self, k) for k in type(self).model_fields if k in self.model_fields_set})
+
+
+def schema_text() -> str:
+    """The config's keys, types, defaults and meanings for ``posattn pretrain --help``, from the schema."""
+    return config_loader.schema_text(PretrainSchema, "Config schema")
+
+
 def parse(data: dict[str, Any], where: str = "config") -> PretrainConfig:
     """A validated :class:`PretrainConfig`; one :class:`ConfigError` lists every problem."""
-    problems: list[str] = []
-    valid = {f.name for f in fields(PretrainConfig)}
-    problems += [f"unknown key {k!r}" for k in sorted(set(data) - valid)]
-    known = {k: v for k, v in data.items() if k in valid}
-    try:
-        cfg = PretrainConfig(**known)
-    except TypeError as e:
-        raise ConfigError(f"{where}: {e}") from None
-    if cfg.objective not in OBJECTIVES:
-        problems.append(f"objective must be one of {', '.join(OBJECTIVES)}, got {cfg.objective!r}")
-    if cfg.preset not in PRESETS:
-        problems.append(f"preset must be one of {', '.join(PRESETS)}, got {cfg.preset!r}")
-    if cfg.precision not in PRECISIONS:
-        problems.append(f"precision must be one of {', '.join(PRECISIONS)}, got {cfg.precision!r}")
-    if not isinstance(cfg.model, dict):
-        problems.append("model must be a mapping of ModelConfig fields")
-    else:
-        problems += [f"model.{k}: unknown field (valid: {', '.join(MODEL_KEYS)})"
-                     for k in sorted(set(cfg.model) - set(MODEL_KEYS))]
-    for key in ("steps", "batch_size", "grad_accum", "eval_every", "eval_sequences", "checkpoint_every", "log_every"):
-        value = getattr(cfg, key)
-        if not is_int(value):
-            problems.append(f"{key} must be a positive integer, got {value!r}")
-    for key, lo, hi in (("lr", 0, 1), ("mask_prob", 0, 1), ("dropout", -1e-12, 1), ("weight_decay", -1e-12, 10)):
-        value = getattr(cfg, key)
-        if not isinstance(value, (int, float)) or not lo < value < hi or math.isnan(value):
-            problems.append(f"{key} must be a number in ({lo}, {hi}), got {value!r}")
-    if cfg.data_workers is not None and not (isinstance(cfg.data_workers, int) and cfg.data_workers >= 0):
-        problems.append(f"data_workers must be null or an integer >= 0, got {cfg.data_workers!r}")
-    if not (isinstance(cfg.warmup, (int, float)) and cfg.warmup >= 0):
-        problems.append(f"warmup must be >= 0 (a fraction of steps below 1, else a step count), got {cfg.warmup!r}")
-    if not (isinstance(cfg.betas, list) and len(cfg.betas) == 2 and all(0 <= b < 1 for b in cfg.betas)):
-        problems.append(f"betas must be two numbers in [0, 1), got {cfg.betas!r}")
-    if not problems:
-        try:
-            mc = cfg.model_config(vocab_size=1000)
-            validate(mc.mechanisms, Dims(mc.d_model, mc.n_heads, mc.n_layers, mc.max_len, mc.n_segments,
-                                         cfg.objective == "clm"))
-        except PositionError as e:
-            problems.append(str(e))
-    if problems:
-        raise ConfigError(f"{where}: " + "; ".join(problems))
-    return cfg
+    spec, problems = config_loader.check(PretrainSchema, data)
+    config_loader.fail(f"pretraining config ({where})", problems)
+    return spec.config()
 
 
 def builtin_configs() -> list[str]:
@@ -164,21 +202,9 @@ def load(source: str | Path | dict | None) -> tuple[str, list[tuple[str, Pretrai
     elif source is None:
         raw, where = {}, "default"
     else:
-        path, name = Path(str(source)), str(source).removesuffix(".yaml")
-        if path.is_file():
-            text, where = path.read_text(), str(path)
-        elif name in builtin_configs():
-            text, where = (resources.files("posattn.pretrain") / "configs" / f"{name}.yaml").read_text(), name
-        else:
-            raise ConfigError(f"config {source!r} is neither a file nor a built-in recipe; "
-                              f"built-in recipes: {', '.join(builtin_configs())}")
-        try:
-            raw = yaml.safe_load(text) or {}
-        except yaml.YAMLError as e:
-            raise ConfigError(f"{where}: not valid YAML: {e}") from None
-        if not isinstance(raw, dict):
-            raise ConfigError(f"{where}: the top level must be a mapping of config keys")
-        raw.setdefault("name", path.stem if path.is_file() else name)
+        text, where, stem = config_loader.find_config(source, "posattn.pretrain", "recipe")
+        raw = config_loader.parse_yaml(text, where, empty={})
+        raw.setdefault("name", stem)
     runs = raw.pop("runs", None)
     unsafe = name_problem(raw.get("name", PretrainConfig.name), f"{where}: name")   # names the output folder
     if unsafe:

@@ -84,17 +84,41 @@ def test_every_problem_of_a_config_in_one_error(setup, tmp_path):
     root, a, _ = setup
     dec = make_checkpoint(tmp_path / "dec", kind="decoder")
     raw = {"checkpoints": [str(a), str(dec), str(tmp_path / "missing")], "tasks": ["rte", "nope"], "seeds": -1,
-           "training": {"lr": -1, "momentum": 0.9}, "max_seq_len": 512, "colour": "red", "cell_store": 3,
-           "claims": [{"claim": "x", "paper": "y", "holds": ["absolute >> none"]}]}
+           "training": {"lr": -1, "momentum": 0.9, "warmup": -5}, "task_training": {"rte": {"patience": 0}},
+           "max_seq_len": 2, "colour": "red", "cell_store": 3, "intermediate": 3,
+           "claims": [{"claim": "x", "paper": "y", "holds": ["absolute >> none"]}], "executor": {"gpus": 1}}
     with pytest.raises(ConfigError) as err:
         validate_config(raw)
     msg = str(err.value)
-    for text in ("unknown key(s) colour", "unknown task 'nope'", "need glue_dir", "seeds must be",
-                 "unknown key(s) momentum", "lr = -1 is not valid",
-                 "'decoder' checkpoint is not classification-capable",
-                 "missing: not a posattn checkpoint", "absolute cannot go beyond them (not inductive)",
-                 "cell_store must be", "'absolute >> none' is not 'A > B'"):
+    for text in ("unknown key(s) colour; valid keys: name, checkpoints,", "tasks: unknown task 'nope'",
+                 "seeds: must be a positive integer", "training: unknown key(s) momentum; valid keys: lr,",
+                 "training.lr: must be greater than 0, got -1", "training.warmup: must be greater than or equal to 0",
+                 "task_training.rte.patience: must be greater than or equal to 1, got 0",
+                 "checkpoints[1]: ", "'decoder' checkpoint is not classification-capable",
+                 "checkpoints[2]: ", "missing: not a posattn checkpoint", "max_seq_len: must be greater than or equal "
+                 "to 4, got 2", "cell_store: must be a valid string, got 3",
+                 "claims[0].holds: 'absolute >> none' is not 'A > B'", "executor: unknown key(s) gpus"):
         assert text in msg, text
+    assert "Traceback" not in msg and "pydantic" not in msg
+
+
+def test_problems_of_keys_together_in_one_error(setup):
+    """Checks that read several keys run once those keys are valid, and are listed together."""
+    root, a, b = setup
+    raw = {"checkpoints": [str(a), {"path": str(b), "label": "fixed"}], "tasks": ["rte", "mnli"], "max_seq_len": 512,
+           "intermediate": {"rte": "sst2"}, "task_training": {"qqqp": {"lr": 1e-4}}}
+    with pytest.raises(ConfigError) as err:
+        validate_config(raw)
+    msg = str(err.value)
+    for text in ("glue_dir: GLUE task(s) rte, mnli need glue_dir", "absolute cannot go beyond them (not inductive)",
+                 "intermediate: rte <- sst2 needs both tasks in the suite", "task_training: unknown task 'qqqp'"):
+        assert text in msg, text
+    assert "fixed" not in msg          # fixed_conv is inductive: it may read longer inputs
+    with pytest.raises(ConfigError, match="checkpoints: duplicate label"):
+        validate_config({"checkpoints": [str(a), {"path": str(b), "label": "absolute"}], "tasks": ["sst2"],
+                         "glue_dir": str(root / "glue")})
+    with pytest.raises(ConfigError, match="checkpoints: no checkpoint: give CHECKPOINT folder"):
+        validate_config({})
 
 
 def test_inductive_models_may_read_longer_inputs(setup):

@@ -180,14 +180,20 @@ def test_changed_config_or_corpus_is_refused(corpus, tmp_path):
 
 def test_config_errors_are_listed_together(corpus):
     with pytest.raises(ConfigError) as e:
-        parse({"objective": "mlmm", "steps": 0, "lrr": 1, "model": {"widht": 3}})
+        parse({"objective": "mlmm", "steps": 0, "lrr": 1, "model": {"widht": 3}, "warmup": -5, "betas": [0.9]})
     text = str(e.value)
-    for part in ("unknown key 'lrr'", "objective must be one of mlm, clm", "steps must be a positive integer"):
+    for part in ("unknown key(s) lrr; valid keys: name, objective,", "objective: must be 'mlm' or 'clm', got 'mlmm'",
+                 "steps: must be greater than or equal to 1, got 0", "model: unknown key(s) widht; valid keys: d_model",
+                 "warmup: must be greater than or equal to 0, got -5", "betas: must have at least 2 item(s)"):
         assert part in text
-    with pytest.raises(ConfigError, match="model.widht: unknown field"):
-        parse({"model": {"widht": 3}})
-    with pytest.raises(ConfigError, match="unknown mechanism"):
+    with pytest.raises(ConfigError, match="mechanisms\\[0\\]: unknown mechanism 'rope2'"):
         parse({"mechanisms": ["rope2"]})
+    with pytest.raises(ConfigError, match="not divisible by n_heads"):      # checked once the keys are valid
+        parse({"model": {"d_model": 30, "n_heads": 4}})
+    with pytest.raises(ConfigError) as e:
+        load_config({"name": "r", "runs": [{"label": "a", "steps": 0}, {"label": "b", "lr": 5}]})
+    assert "run 'a'):\n  - steps: must be greater" in str(e.value) and "run 'b'):\n  - lr: must be less than 1" in \
+        str(e.value)
     with pytest.raises(ConfigError, match="built-in recipes"):
         load_config("no_such_recipe")
 

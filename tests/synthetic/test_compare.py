@@ -123,21 +123,32 @@ def test_workers_give_the_same_results(swept: Path, tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("change,messages", [
-    ({"task": "recall"}, ["task 'recall' is not one of: mqar, mqnar, ar, nar, selective_copy"]),
-    ({"models": [{"mechanisms": ["rotary"]}]}, ["unknown mechanism(s) 'rotary'", "valid mechanisms:", "rope"]),
+    ({"task": "recall"}, ["task: must be 'mqar', 'mqnar', 'ar', 'nar' or 'selective_copy', got 'recall'"]),
+    ({"models": [{"mechanisms": ["rotary"]}]}, ["models[0].mechanisms[0]: unknown mechanism 'rotary'",
+                                                "valid mechanisms:", "rope"]),
     ({"models": [{"mechanisms": [{"name": "tisa", "kernels": 3}]}]}, ["models[0]", "tisa", "valid options"]),
-    ({"optimizer": "sgd", "training": {"epochs": 3}}, ["unknown key(s) optimizer; valid keys:",
+    ({"optimizer": "sgd", "training": {"epochs": 3}}, ["unknown key(s) optimizer; valid keys: name, task,",
                                                       "training: unknown key(s) epochs; valid keys: steps"]),
-    ({"task_params": {"pairs": 3}}, ["task_params for mqar", "num_kv_pairs, power_a, random_filler, kv_density"]),
-    ({"task": "selective_copy"}, ["task_params for selective_copy must be a mapping with keys from: num_tokens"]),
+    ({"task_params": {"pairs": 3}}, ["task_params: the options of mqar are num_kv_pairs, power_a, random_filler, "
+                                     "kv_density; got {'pairs': 3}"]),
+    ({"task": "selective_copy"}, ["task_params: the options of selective_copy are num_tokens"]),
+    ({"task_params": {"num_kv_pairs": 2, "kv_density": 0.1}}, ["give num_kv_pairs or kv_density, not both"]),
     ({"task_params": {"num_kv_pairs": 5}}, ["task mqar at length 16", "too short"]),
-    ({"task_params": {"num_kv_pairs": 8}, "train_length": 64}, ["only 7 exist", "raise vocab_size"]),
+    ({"task_params": {"num_kv_pairs": 8}, "train_length": 64}, ["only 7 exist", "raise vocab_size",
+                                                                "models[1]: max_len 16 is shorter than the training "
+                                                                "length 64"]),
     ({"d_model": 30, "n_heads": 4}, ["not divisible"]),
     ({"test_lengths": [16], "test_multipliers": [1]}, ["not both"]),
-    ({"models": []}, ["models must be a non-empty list"]),
+    ({"models": []}, ["models: must not be empty"]),
+    ({"models": [{"mechanisms": ["cat"]}, {"mechanisms": ["cat"], "layers": 2}]},
+     ["models: duplicate row label(s) cat (2L)"]),
     ({"claims": [{"claim": "c", "paper": "p", "holds": ["cat (1L) >> x", "cat (1L) > absolute (1L)"],
                   "at": {"d_model": 48, "length": "max"}}]},
      ["'cat (1L) >> x' is not", "d_model 48 is not one of the sweep's [16, 32]", "length must be an integer"]),
+    ({"training": {"warmup": -5}}, ["training.warmup: must be greater than or equal to 0, got -5"]),
+    ({"training": {"steps": 2.0, "lr": [1e-3, 0], "target_accuracy": 2}},
+     ["training.steps: must be a valid integer, got 2.0", "training.lr[1]: must be greater than 0, got 0",
+      "training.target_accuracy: must be less than or equal to 1, got 2"]),
 ])
 def test_bad_config_gives_one_clear_error(change: dict, messages: list[str]) -> None:
     with pytest.raises(ConfigError) as info:
@@ -159,9 +170,9 @@ def test_bad_config_on_the_command_line(tmp_path: Path, capsys: pytest.CaptureFi
 def test_help_documents_the_schema(capsys: pytest.CaptureFixture) -> None:
     with pytest.raises(SystemExit):
         cli.main(["compare", "--help"])
-    text = capsys.readouterr().out
+    text = " ".join(capsys.readouterr().out.split())        # wrapped lines joined
     for needle in ("Config schema", "task_params", "test_multipliers", "num_kv_pairs", "selective_copy",
-                   "valid names:", "tisa", "target_accuracy", "--workers", "--out"):
+                   "valid names: absolute,", "tisa", "target_accuracy", "warmup: number = 0.1", "--workers", "--out"):
         assert needle in text
 
 
