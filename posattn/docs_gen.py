@@ -4,7 +4,8 @@
   docstring, equation, paper, options (type and default from the constructor's signature, meaning from
   the class docstring's ``Options:`` section) and the properties computed from the built module;
 - :func:`cli_reference`: every ``posattn`` command and sub-command from the argparse parsers of
-  :func:`posattn.cli.parser`: usage, description, options with defaults and help;
+  :func:`posattn.cli.parser`: usage, description, options with defaults and help, and the files each
+  command writes (declared beside its parser as ``parser.set_defaults(writes={path: meaning})``);
 - :func:`results_pages`: one page per recipe of the results store (``results/``), the text of
   ``posattn report RECIPE --markdown``.
 
@@ -229,13 +230,18 @@ def _option_rows(parser: argparse.ArgumentParser) -> list[str]:
     return rows
 
 
+def _takes(parser: argparse.ArgumentParser, option: str) -> bool:
+    return any(option in a.option_strings for a in parser._actions)
+
+
 def cli_reference() -> str:
     """The command-line reference page (Markdown), from :func:`posattn.cli.parser`."""
     from .cli import parser
 
     out = ["# Command line", "",
            "Generated from the argparse parsers of `posattn.cli` at every build of this site; `posattn "
-           "COMMAND --help` prints the same."]
+           "COMMAND --help` prints the same options. Each command that writes files lists them, as "
+           "declared beside its parser."]
     for name, p in commands(parser()):
         depth = name.count(" ")
         out += ["", f"{'#' * min(depth + 1, 4)} `{name}` {{#{name.replace(' ', '-')}}}", ""]
@@ -245,6 +251,11 @@ def cli_reference() -> str:
         rows = _option_rows(p)
         if rows:
             out += ["| option | meaning | default |", "|---|---|---|", *rows]
+        writes = p.get_default("writes")
+        if writes:
+            out += ["", "Files it writes (`OUT`: the `--out` folder):" if _takes(p, "--out") else "Files it writes:",
+                    "", "| file | what it holds |", "|---|---|",
+                    *[f"| `{_cell(path)}` | {_cell(meaning)} |" for path, meaning in writes.items()]]
         subs = [a for a in p._actions if isinstance(a, argparse._SubParsersAction)]
         for action in subs:
             helps = {c.dest: c.help for c in action._choices_actions}
