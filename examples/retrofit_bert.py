@@ -6,9 +6,10 @@ this example builds a small BERT from a ``BertConfig`` so that nothing is downlo
 it to tell whether a token sequence is sorted, a task that needs word order. ``add_mechanisms``
 starts T5's bias at zero (its neutral start), so the model computes exactly what it did before
 until training moves the bias; the example checks that, fine-tunes, and saves and reloads the
-model with :func:`posattn.hf.load_retrofitted`. Needs the ``hf`` extra (transformers 5).
+model with :func:`posattn.hf.load_retrofitted`. Needs the ``hf`` extra (transformers 5). The
+default run (300 steps, 110 s of CPU time on a 2-core machine, 2026-11-26) reaches 0.996 accuracy.
 
-    python examples/retrofit_bert.py             # a minute on a laptop CPU
+    python examples/retrofit_bert.py
     python examples/retrofit_bert.py --tiny      # seconds: a smoke test
 """
 from __future__ import annotations

@@ -3,9 +3,11 @@ longer length than it was trained on.
 
 The task comes from :mod:`posattn.synthetic` (the generators and training loop behind ``posattn
 compare``): key-value pairs, then queries whose answers are the values seen earlier. Accuracy is
-measured over the answer positions only.
+measured over the answer positions only. The default run (1,500 steps, 60 s of CPU time on a 2-core
+machine, 2026-11-26) brings ALiBi to 0.28 accuracy at length 64 and at length 128, from 0.03 after
+the few steps of ``--tiny``; solving MQAR takes the longer budgets of ``posattn compare``'s recipes.
 
-    python examples/synthetic_recall.py               # a few minutes on a laptop CPU
+    python examples/synthetic_recall.py
     python examples/synthetic_recall.py --tiny        # seconds: a smoke test
     python examples/synthetic_recall.py --mechanism rope
 """
