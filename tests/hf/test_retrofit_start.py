@@ -18,8 +18,8 @@ from .test_retrofit import IDS, MASK, logits, tiny  # noqa: E402
 DOCUMENTED_NEUTRAL = {"tisa", "t5", "diet_rel", "diet_abs", "fixed_conv", "dynamic_conv", "key_dynamic_conv",
                       "composite", "depthwise_conv", "cat", "segment", "none"}
 # what a BERT self-attention cannot take, with the reason add_mechanisms gives
-REFUSED = {"absolute": "acts on the input", "sinusoidal": "acts on the input",
-           "conv_qkv": "reads the layer's input x", "convbert": "reads the layer's input x"}
+REFUSED = {name: "acts on the input" if cls.placement_for({}) == "input" else "reads the layer's input x"
+           for name, cls in REGISTRY.items() if cls.placement_for({}) == "input" or cls.reads_layer_input}
 
 
 def has_neutral_start(name: str) -> bool:
@@ -31,6 +31,7 @@ OWN_START = [name for name in REGISTRY if name not in REFUSED and name not in NE
 
 
 def test_the_documented_neutral_starts_exist():
+    assert {"absolute", "sinusoidal", "conv_qkv", "convbert"} <= set(REFUSED)
     assert DOCUMENTED_NEUTRAL <= set(NEUTRAL)
     assert {"alibi", "rope", "tupe", "linformer", "lincat"} <= set(OWN_START)
 
