@@ -4,9 +4,12 @@
   docstring, equation, paper, options (type and default from the constructor's signature, meaning from
   the class docstring's ``Options:`` section) and the properties computed from the built module;
 - :func:`cli_reference`: every ``posattn`` command and sub-command from the argparse parsers of
-  :func:`posattn.cli.parser`: usage, description, options with defaults and help;
+  :func:`posattn.cli.parser`: usage, description, options with defaults and help, and the files each
+  command writes (declared beside its parser as ``parser.set_defaults(writes={path: meaning})``);
 - :func:`results_pages`: one page per recipe of the results store (``results/``), the text of
-  ``posattn report RECIPE --markdown``.
+  ``posattn report RECIPE --markdown``;
+- :func:`examples_page`: every script of ``examples/`` with its docstring; the changelog, the
+  licence and the citation metadata from the repository's own files.
 
 Nothing here is written by hand about a mechanism, an option or a command: a new mechanism or option
 appears in the reference as soon as it is registered. Options are documented in the class docstring::
@@ -21,9 +24,11 @@ appears in the reference as soon as it is registered. Options are documented in 
 from __future__ import annotations
 
 import argparse
+import ast
 import inspect
 import re
 import typing
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -229,13 +234,18 @@ def _option_rows(parser: argparse.ArgumentParser) -> list[str]:
     return rows
 
 
+def _takes(parser: argparse.ArgumentParser, option: str) -> bool:
+    return any(option in a.option_strings for a in parser._actions)
+
+
 def cli_reference() -> str:
     """The command-line reference page (Markdown), from :func:`posattn.cli.parser`."""
     from .cli import parser
 
     out = ["# Command line", "",
            "Generated from the argparse parsers of `posattn.cli` at every build of this site; `posattn "
-           "COMMAND --help` prints the same."]
+           "COMMAND --help` prints the same options. Each command that writes files lists them, as "
+           "declared beside its parser."]
     for name, p in commands(parser()):
         depth = name.count(" ")
         out += ["", f"{'#' * min(depth + 1, 4)} `{name}` {{#{name.replace(' ', '-')}}}", ""]
@@ -245,6 +255,11 @@ def cli_reference() -> str:
         rows = _option_rows(p)
         if rows:
             out += ["| option | meaning | default |", "|---|---|---|", *rows]
+        writes = p.get_default("writes")
+        if writes:
+            out += ["", "Files it writes (`OUT`: the `--out` folder):" if _takes(p, "--out") else "Files it writes:",
+                    "", "| file | what it holds |", "|---|---|",
+                    *[f"| `{_cell(path)}` | {_cell(meaning)} |" for path, meaning in writes.items()]]
         subs = [a for a in p._actions if isinstance(a, argparse._SubParsersAction)]
         for action in subs:
             helps = {c.dest: c.help for c in action._choices_actions}
@@ -283,9 +298,51 @@ def results_index(pages: dict[str, str]) -> str:
     return "\n".join(out) + "\n"
 
 
-def pages(results_root: str | None = None) -> dict[str, str]:
-    """Every generated page: path under docs/ -> Markdown."""
+# -- examples and the project's own files -------------------------------------------------------------
+def examples_page(root: str | Path) -> str:
+    """Every script of ``root/examples`` with its module docstring (what it shows, how to run it)."""
+    out = ["# Examples", "",
+           "Short scripts in `examples/` that use the public Python API, each runnable as it is and with "
+           "`--tiny` in seconds (the test suite runs every one that way). This page is generated from their "
+           "docstrings."]
+    for path in sorted(Path(root, "examples").glob("*.py")):
+        doc = ast.get_docstring(ast.parse(path.read_text()))
+        if not doc:
+            raise ValueError(f"{path}: an example needs a module docstring")
+        first, _, rest = doc.partition("\n\n")
+        out += ["", f"## `examples/{path.name}`", "", markdown_text(first.replace("\n", " ")), "",
+                *_docstring_blocks(rest)]
+    return "\n".join(out) + "\n"
+
+
+def _docstring_blocks(text: str) -> list[str]:
+    """Docstring paragraphs as Markdown: indented blocks (commands) become fenced bash blocks."""
+    out = []
+    for block in text.split("\n\n"):
+        lines = block.splitlines()
+        if lines and all(line.startswith("    ") for line in lines if line.strip()):
+            out += ["```bash", *(line[4:] for line in lines), "```", ""]
+        elif block.strip():
+            out += [markdown_text(block.replace("\n", " ")), ""]
+    return out
+
+
+def license_page(root: str | Path) -> str:
+    """How to cite posattn (``CITATION.cff``) and its licence (``LICENSE``), as they are in the repository."""
+    return "\n".join(["# Citing and licence", "",
+                      "To cite posattn, use the metadata of `CITATION.cff` (GitHub's \"Cite this repository\" "
+                      "and `cffconvert` read it):", "", "```yaml", Path(root, "CITATION.cff").read_text().strip(),
+                      "```", "", "posattn is released under the MIT licence (`LICENSE`):", "", "```text",
+                      Path(root, "LICENSE").read_text().strip(), "```"]) + "\n"
+
+
+def pages(results_root: str | None = None, root: str | Path | None = None) -> dict[str, str]:
+    """Every generated page: path under docs/ -> Markdown. ``root``: the repository (examples,
+    CHANGELOG.md, CITATION.cff, LICENSE); default: the one this package is in."""
+    root = Path(root) if root is not None else Path(__file__).resolve().parents[1]
     results = results_pages(results_root)
     return {"reference/mechanisms.md": mechanism_reference(), "reference/cli.md": cli_reference(),
             "results/index.md": results_index(results),
-            **{f"results/{recipe}.md": text for recipe, text in results.items()}}
+            **{f"results/{recipe}.md": text for recipe, text in results.items()},
+            "examples.md": examples_page(root), "citing.md": license_page(root),
+            "changelog.md": Path(root, "CHANGELOG.md").read_text()}

@@ -60,7 +60,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", type=Path, default=Path("runs/hf/table3"),
                    help="output folder (default runs/hf/table3)")
     add_executor_options(p, block=False)
-    p.set_defaults(func=table3_command)
+    p.set_defaults(func=table3_command, writes={
+        "OUT/cells/<variant>-<task>-<seed>.json": "one fine-tuning cell's scores",
+        "OUT/fit-S<kernels>.npz": "the TISA fit a variant starts from (reused)",
+        "OUT/results.json, OUT/report.md": "Table 3: median (mean ± s.e.) per variant and task, TISA's claims"})
 
     p = studies.add_parser("closeness", help="how close a retrofitted encoder starts to the pretrained one",
                            description=CLOSENESS)
@@ -72,4 +75,5 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--texts", type=positive_int, default=96, help="texts compared (default 96)")
     p.add_argument("--out", type=Path, default=Path("runs/hf/closeness"),
                    help="output folder for closeness.json (default runs/hf/closeness)")
-    p.set_defaults(func=closeness_command)
+    p.set_defaults(func=closeness_command, writes={
+        "OUT/closeness.json": "cosine of each retrofitted start to the pretrained model"})

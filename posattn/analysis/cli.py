@@ -127,6 +127,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     t = sub.add_parser("toeplitz", help="Toeplitz R² of P = E_P E_Pᵀ (TISA App. B), heatmap, cosine profiles")
     _positions(t, None)
     _common(t, _toeplitz)
+    t.set_defaults(writes={
+        "OUT/toeplitz.json": "Toeplitz R² and cosine profiles",
+        "OUT/toeplitz.png": "heatmap of P and the profiles"})
 
     def profile_options(p: argparse.ArgumentParser) -> None:
         _positions(p, 128)
@@ -141,6 +144,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--half-width", type=positive_int, default=20,
                    help="offsets shown in the section plots (default 20)")
     _common(p, _profiles)
+    p.set_defaults(writes={
+        "OUT/profiles.json": "F̂_P per layer and head",
+        "OUT/fhat_layer0.png, OUT/sections_layer<L>.png": "the profiles' plots"})
 
     f = sub.add_parser("fit-tisa", help="fit TISA kernels to F̂_P (TISA App. C), build a tisa model from the fit")
     profile_options(f)
@@ -154,6 +160,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     f.add_argument("--mode", choices=["replace", "supplement"], default="replace", help="mode of the built tisa model")
     f.add_argument("--no-model", action="store_true", help="do not build and save the tisa model")
     _common(f, _fit)
+    f.set_defaults(writes={
+        "OUT/fit_tisa.json": "the fitted kernels and their errors",
+        "OUT/fit_layer<L>.png": "fit against F̂_P",
+        "OUT/tisa_model/": "a model with TISA kernels from the fit (not with --no-model)"})
 
     r = sub.add_parser("rank", help="numerical rank of attention scores and of the position term (DIET Thm 1)")
     r.add_argument("models", nargs="*", help="one or more checkpoints to compare (checkpoint or run folders, "
@@ -170,12 +180,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     r.add_argument("--heads", type=positive_int, default=4, help="--random-pair heads (default 4)")
     r.add_argument("--layers", type=positive_int, default=2, help="--random-pair layers (default 2)")
     _common(r, _rank, model=False)
+    r.set_defaults(writes={"OUT/rank.json": "numerical ranks per model", "OUT/rank.png": "the singular value spectra"})
 
     k = sub.add_parser("kernels",
                        help="learned position structure per mechanism (Chang Fig 2-3, TISA Fig 3, DIET Fig 4/7)")
     _positions(k, 64)
     k.add_argument("--half-width", type=positive_int, help="offsets shown in the offset plots (default N − 1)")
     _common(k, _kernels)
+    k.set_defaults(writes={
+        "OUT/kernels.json": "every learned position structure",
+        "OUT/<i>_layer<L>_<mechanism>.png": "one plot per structure"})
 
     o = sub.add_parser("order-probe", help="zero-shot: does the MLM prefer the true order of the position tasks? "
                                            "(pseudo-log-likelihood, Salazar et al. 2020)")
@@ -185,3 +199,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="pairs per task from its test split (default 500)")
     o.add_argument("--no-progress", action="store_true", help="no progress bar")
     _common(o, _order_probe, model=False)
+    o.set_defaults(writes={
+        "OUT/order_probe.json": "accuracy per model and task",
+        "OUT/order_probe.png": "the same as a plot"})

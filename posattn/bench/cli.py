@@ -82,7 +82,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", type=Path, default=Path("runs/bench"),
                    help="folder for the table, plot and rows (bench.txt, bench.png, bench.json; default runs/bench)")
     add_json_option(p)
-    p.set_defaults(func=bench_command)
+    p.set_defaults(func=bench_command, writes={
+        "OUT/bench.json": "one row per measured case (rewritten as cases finish)",
+        "OUT/bench.txt": "the table and the targets' checks",
+        "OUT/bench.png": "time and memory ratios against plain attention",
+        "OUT/conv.json": "--conv: the convolution timings"})
 
     p = sub.add_parser("bench-decode", help="cached (incremental) decoding against recomputing the prefix",
                        description=decode.__doc__.split("\n\n")[0])
@@ -97,7 +101,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_device_option(p)
     p.add_argument("--out", type=Path, default=Path("runs/bench-decode"),
                    help="folder for decode.json and decode.png (default runs/bench-decode)")
-    p.set_defaults(func=decode_command)
+    p.set_defaults(func=decode_command, writes={
+        "OUT/decode.json": "cached and recomputed decoding times per mechanism and length",
+        "OUT/decode.png": "the same as a plot"})
 
     gpu_check.register(sub)
 

@@ -460,4 +460,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", required=True, type=Path, help="folder for the archive, logs and summary ($OUT)")
     p.add_argument("--stage", choices=["layer_eager", "layer_compiled", "models"],
                    help="run one measuring stage in this process (the driver's children)")
-    p.set_defaults(func=command)
+    p.set_defaults(func=command, writes={
+        "OUT/summary.txt": "the stages run, their times and what was left",
+        "OUT/results.tar.gz": "the new and changed files of the results store",
+        "OUT/layer_bench*.json, OUT/model_bench.json": "the measured rows of each stage",
+        "results/<recipe>/<id>.json": "one store record per measured setup or finished cell"})

@@ -72,7 +72,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     a.add_argument("--command", help="the command that ran them (default: read from the run folder's config)")
     a.add_argument("--hardware", help="the machine they ran on (default: the device the run recorded, else "
                    "this machine's GPU or CPU)")
-    a.set_defaults(func=add_command)
+    a.set_defaults(func=add_command, writes={
+        "results/<recipe>/<id>.json": "one record per finished cell (date, hardware, command, result)",
+        "results/<recipe>/recipe.json": "what the recipe is: its sweep, config and number of cells"})
     s = sub.add_parser("list", help="every recipe in the store with its cells present / in all")
     s.set_defaults(func=list_command)
     p = subparsers.add_parser("report", help="a recipe's tables, claims and plots from results/ plus local runs",
@@ -82,6 +84,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    "store's (merged by id)")
     p.add_argument("--out", help="output folder (default runs/report-RECIPE)")
     p.add_argument("--markdown", action="store_true", help="print the tables as Markdown only; write nothing")
-    p.set_defaults(func=report_command)
+    p.set_defaults(func=report_command, writes={
+        "OUT/report.md": "the recipe's tables and the claims' verdicts (nothing with --markdown)",
+        "OUT/results.json": "the results the tables are made of",
+        "OUT/*.png": "the recipe's plots"})
     for q in (a, s, p):
         q.add_argument("--results", default=None, help=f"the store's folder (default ${store.ROOT_ENV}, else results)")

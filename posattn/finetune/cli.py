@@ -47,7 +47,13 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser.add_argument("--max-eval", type=natural_int, default=None,
                         help="cap on validation and each test set (0: all)")
     add_sweep_options(parser, "finetune")
-    parser.set_defaults(func=run)
+    parser.set_defaults(func=run, writes={
+        "OUT/cells/<id>/": "one cell (or in the config's cell_store): result.json when finished, "
+                           "metrics.jsonl, checkpoint.pt while it trains, the model of a cell that "
+                           "initialises others",
+        "OUT/results.json": "the suite's scores per checkpoint, task and seed",
+        "OUT/report.md": "scores (mean ± s.e. over seeds, median), suite scores, the claims' verdicts",
+        "OUT/scores.png, OUT/suite_score.png": "the report's plots"})
     return parser
 
 

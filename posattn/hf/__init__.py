@@ -23,7 +23,9 @@ from .modeling import (
     PosattnModel,
     PosattnPreTrainedModel,
 )
+from .retrofit import add_mechanisms, load_retrofitted
 from .tokenizer import hf_tokenizer
 
 __all__ = ["PosattnConfig", "PosattnModel", "PosattnForMaskedLM", "PosattnForSequenceClassification",
-           "PosattnForCausalLM", "PosattnPreTrainedModel", "convert", "from_posattn", "hf_tokenizer"]
+           "PosattnForCausalLM", "PosattnPreTrainedModel", "add_mechanisms", "convert", "from_posattn", "hf_tokenizer",
+           "load_retrofitted"]

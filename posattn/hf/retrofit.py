@@ -21,11 +21,23 @@ self-attention module, so they train, save and load with it). Where they act:
 
 Modes (TISA Eq 4): ``supplement`` keeps the model's position embeddings; ``replace`` removes
 them (TISA App. C): the mean position embedding is folded into the word embeddings, the position
-table is zeroed and frozen (and MPNet's relative bias too). ``init``: ``"zero"`` starts every
-TISA kernel with a = 0, so the model computes exactly what it did before (the default for
-``supplement``); a :class:`~posattn.analysis.tisa_fit.TisaFit` (see :func:`fit_kernels`, which is
-``posattn analyze fit-tisa``'s regression to the model's own F̂_P) sets them from the fit, so
-``replace`` starts close to the original function; ``"default"`` keeps posattn's initialisation.
+table is zeroed and frozen (and MPNet's relative bias too).
+
+``init``, how the added mechanisms start:
+
+- left out (``None``): in ``supplement`` mode every mechanism with a *neutral start*
+  (:meth:`~posattn.mechanisms.base.Mechanism.start_at_zero`: it adds exactly nothing at first
+  and still trains; TISA a = 0, T5's and DIET-REL's tables = 0, DIET-ABS P_K = 0, the
+  convolutions' weights = 0, CAT's identity filters) takes it and the others (ALiBi, RoPE,
+  TUPE, the mixers) keep their own initialisation; in ``replace`` mode every mechanism keeps
+  its own initialisation;
+- ``"zero"``: every mechanism takes its neutral start, so the model computes exactly what it did
+  before; refused, naming them, where a mechanism has none;
+- ``"default"``: every mechanism keeps posattn's own initialisation;
+- a :class:`~posattn.analysis.tisa_fit.TisaFit` (see :func:`fit_kernels`, which is ``posattn
+  analyze fit-tisa``'s regression to the model's own F̂_P) sets the kernels of the mechanisms
+  that take fitted kernels (TISA), so ``replace`` starts close to the original function.
+
 ``save_pretrained`` stores the mechanisms' weights and ``config.posattn_retrofit``;
 :func:`load_retrofitted` reads such a folder back.
 """
@@ -146,9 +158,16 @@ def _check_structure(layer: list[Mechanism], kind: str) -> None:
 def add_mechanisms(model: PreTrainedModel, mechanisms: list[SpecLike], mode: Mode = "supplement",
                    init: Literal["zero", "default"] | TisaFit | None = None,
                    path: Literal["fast", "reference"] = "fast") -> PreTrainedModel:
-    """Add ``mechanisms`` (score-level and q/k/v ones; see the module docstring) to every
-    self-attention of ``model`` in place; returns ``model``. ``init``: ``"zero"`` (default for
-    ``supplement``), ``"default"`` (default for ``replace``) or a TISA fit (:func:`fit_kernels`)."""
+    """Add ``mechanisms`` (names or specs such as ``"alibi"``, ``{"name": "t5", "num_buckets": 32}``;
+    score-level and q/k/v ones, see the module docstring) to every self-attention of ``model`` in
+    place; returns ``model``.
+
+    ``mode``: ``"supplement"`` keeps the model's position embeddings, ``"replace"`` removes them.
+    ``init`` (see the module docstring): left out, each mechanism starts neutral where it can (the
+    pretrained model's outputs unchanged by it) and at its own initialisation otherwise (always
+    its own in ``replace`` mode); ``"zero"`` demands a neutral start of every mechanism;
+    ``"default"`` keeps posattn's initialisation; a TISA fit (:func:`fit_kernels`) sets TISA's
+    kernels. ``path``: posattn's ``"fast"`` or ``"reference"`` attention."""
     cfg = model.config
     kind = cfg.model_type
     if kind not in INTERFACE_TYPES | HOOK_TYPES:
@@ -158,6 +177,8 @@ def add_mechanisms(model: PreTrainedModel, mechanisms: list[SpecLike], mode: Mod
         raise PositionError(f"add_mechanisms: unknown mode {mode!r}; valid: supplement, replace")
     if path not in PATHS:
         raise PositionError(f"add_mechanisms: unknown path {path!r}; valid: {', '.join(PATHS)}")
+    if not (init in (None, "zero", "default") or isinstance(init, TisaFit)):
+        raise PositionError(f"add_mechanisms: init must be left out, 'zero', 'default' or a TisaFit, got {init!r}")
     if getattr(cfg, "is_decoder", False):
         raise PositionError("add_mechanisms: the model is configured as a decoder; only encoders are supported")
     attns = _self_attentions(model)
@@ -167,13 +188,14 @@ def add_mechanisms(model: PreTrainedModel, mechanisms: list[SpecLike], mode: Mod
     dims = Dims(cfg.hidden_size, cfg.num_attention_heads, len(attns), cfg.max_position_embeddings - offset,
                 max(int(getattr(cfg, "type_vocab_size", 1) or 1), 1), False)
     specs = _specs(mechanisms, mode)
+    for s in specs:
+        if get(s.name).placement_for(s.options) == "input":
+            raise PositionError(f"add_mechanisms: {s.name} acts on the input embeddings; "
+                                f"only attention-level mechanisms can be added to a pretrained model")
     # the model's own position embeddings play posattn's "absolute" in supplement mode
     built = build([*specs, "absolute"] if mode == "supplement" else specs, dims)
-    if built.input and mode == "replace":
-        raise PositionError(f"add_mechanisms: {built.input[0].name} acts on the input embeddings; "
-                            f"only attention-level mechanisms can be added to a pretrained model")
     _check_structure(built.layers[0], kind)
-    _initialise(built.layers, specs, init if init is not None else ("zero" if mode == "supplement" else "default"))
+    _initialise(built.layers, init if init is not None else ("neutral" if mode == "supplement" else "default"))
     first = next(model.parameters())
     for attn, mechs in zip(attns, built.layers):
         attn.position_mechanisms = nn.ModuleList(mechs).to(device=first.device, dtype=first.dtype)
@@ -192,24 +214,26 @@ def add_mechanisms(model: PreTrainedModel, mechanisms: list[SpecLike], mode: Mod
     return model
 
 
-def _initialise(layers: list[list[Mechanism]], specs: list[Spec], init: str | TisaFit) -> None:
-    """``zero``: every mechanism that can start adding nothing does (TISA: a = 0); a fit: its
-    kernels into the mechanisms that take fitted kernels; ``default``: as built."""
+def _initialise(layers: list[list[Mechanism]], init: str | TisaFit) -> None:
+    """``neutral``: the mechanisms with a neutral start take it, the others keep their own
+    initialisation; ``zero``: every mechanism takes its neutral start; a fit: its kernels into the
+    mechanisms that take fitted kernels; ``default``: as built."""
     if init == "default":
         return
-    if init not in ("zero",) and not isinstance(init, TisaFit):
-        raise PositionError(f"add_mechanisms: init must be 'zero', 'default' or a TisaFit, got {init!r}")
-    if isinstance(init, TisaFit) and init.a.shape[0] != len(layers):
-        raise PositionError(f"add_mechanisms: the fit has shape {init.a.shape} (layers, heads, kernels); "
-                            f"the model has {len(layers)} layers")
-    done = []
-    for layer, mechs in enumerate(layers):
-        fit = None if init == "zero" else {name: getattr(init, name)[layer] for name in ("a", "b", "c")}
-        done.append([m.name for m in mechs if (m.start_at_zero() if fit is None else m.set_kernels(fit))])
-    if not all(done):
-        takers = [name for name, cls in REGISTRY.items() if cls.start_at_zero is not Mechanism.start_at_zero]
-        raise PositionError(f"add_mechanisms: init 'zero' or a fit sets fitted kernels, but "
-                            f"{' or '.join(takers)} is not among the mechanisms; use init='default'")
+    if isinstance(init, TisaFit):
+        if init.a.shape[0] != len(layers):
+            raise PositionError(f"add_mechanisms: the fit has shape {init.a.shape} (layers, heads, kernels); "
+                                f"the model has {len(layers)} layers")
+        if not all(any([m.set_kernels({name: getattr(init, name)[layer] for name in ("a", "b", "c")})
+                        for m in mechs]) for layer, mechs in enumerate(layers)):
+            takers = [name for name, cls in REGISTRY.items() if cls.set_kernels is not Mechanism.set_kernels]
+            raise PositionError(f"add_mechanisms: a fit sets fitted kernels, but {' or '.join(takers)} "
+                                f"is not among the mechanisms")
+        return
+    without = sorted({m.name for mechs in layers for m in mechs if not m.start_at_zero()})
+    if without and init == "zero":
+        raise PositionError(f"add_mechanisms: init='zero' needs a neutral start, which {', '.join(without)} "
+                            f"does not have; leave init out to start it at its own initialisation")
 
 
 def remove_position_embeddings(model: PreTrainedModel, offset: int) -> None:

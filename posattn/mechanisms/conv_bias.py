@@ -45,6 +45,12 @@ class FixedConv(Mechanism):
         self.window = half_window(kernel_size, "fixed_conv")
         self.beta = nn.Parameter(torch.randn(dims.n_heads, kernel_size) * 0.02)
 
+    def start_at_zero(self) -> bool:
+        """β = 0: no bias at any offset, every tap still trained."""
+        with torch.no_grad():
+            self.beta.zero_()
+        return True
+
     def score_terms(self, q: Tensor, k: Tensor, ctx: Context) -> list[Term]:
         idx = offsets(ctx.n, q.device).clamp(-self.window, self.window) + self.window
         return [Toeplitz(self.beta[:, idx].to(q.dtype), window=self.window)]
@@ -61,6 +67,12 @@ class RelativeEmbeddingConv(Mechanism):
         super().__init__(dims, shared)
         self.window = half_window(kernel_size, self.name)
         self.weight = nn.Parameter(torch.randn(kernel_size, dims.head_dim) * 0.02)
+
+    def start_at_zero(self) -> bool:
+        """W = 0: the term q_i·W[r] (or k_j·W[r]) is zero while W's gradient is not."""
+        with torch.no_grad():
+            self.weight.zero_()
+        return True
 
     def score_terms(self, q: Tensor, k: Tensor, ctx: Context) -> list[Term]:
         vec = k if self.key_side else q
@@ -110,6 +122,10 @@ class Composite(Mechanism):
         super().__init__(dims, shared)
         self.fixed = FixedConv(dims, shared, kernel_size)
         self.dynamic = DynamicConv(dims, shared, kernel_size)
+
+    def start_at_zero(self) -> bool:
+        """β = 0 and W_C = 0: both convolutions start adding nothing."""
+        return self.fixed.start_at_zero() and self.dynamic.start_at_zero()
 
     def score_terms(self, q: Tensor, k: Tensor, ctx: Context) -> list[Term]:
         return self.dynamic.score_terms(q, k, ctx) + self.fixed.score_terms(q, k, ctx)

@@ -69,6 +69,12 @@ class DepthwiseConv(Mechanism):
         k = (k + 1) // 2 if dims.causal else k
         self.weight = nn.Parameter(torch.randn(dims.d_model, k) * 0.02)
 
+    def start_at_zero(self) -> bool:
+        """β = 0: nothing added to the output while β's gradient (through v) is not zero."""
+        with torch.no_grad():
+            self.weight.zero_()
+        return True
+
     def transform_output(self, o: Tensor, v: Tensor, ctx: Context) -> Tensor:
         conv = depthwise_conv1d(heads_to_channels(v), self.weight, ctx.causal, ctx.keep)
         return o + channels_to_heads(conv, self.dims.n_heads)
@@ -160,6 +166,17 @@ class CAT(Mechanism):
         self.qk_norm = qk_norm
         if qk_norm:
             self.log_temperature = nn.Parameter(torch.full((dims.n_heads, 1, 1), math.log(dims.head_dim)))
+
+    def start_at_zero(self) -> bool:
+        """Identity filters (a unit tap at the present position), CAT's own start: Q, K and V are
+        the layer's own. Not with ``qk_norm`` (it changes the scores) nor in a mixer subclass."""
+        if self.qk_norm or self.mixes:
+            return False
+        with torch.no_grad():
+            for f in self.filters.values():
+                f.zero_()
+                f[..., f.shape[-1] - 1 if self.dims.causal else f.shape[-1] // 2] = 1.0
+        return True
 
     def transform_qkv(self, q: Tensor, k: Tensor, v: Tensor, ctx: Context) -> tuple[Tensor, Tensor, Tensor]:
         out = {"q": q, "k": k, "v": v}

@@ -58,6 +58,12 @@ class DietAbs(Mechanism):
     def check(self, ctx: Context) -> None:
         max_len_check(self, int(ctx.positions.max()) + 1, self.p_q.shape[1])
 
+    def start_at_zero(self) -> bool:
+        """P_K = 0: the term P_Q P_Kᵀ is zero while P_K's gradient (through P_Q) is not."""
+        with torch.no_grad():
+            self.p_k.zero_()
+        return True
+
     def score_terms(self, q: Tensor, k: Tensor, ctx: Context) -> list[Term]:
         pos = ctx.row_positions  # rows of P_Q, P_K at the input's position ids: [heads, b|1, n, r]
         return [LowRank(u=self.p_q[:, pos].transpose(0, 1).to(q.dtype),
@@ -87,6 +93,12 @@ class DietRel(Mechanism):
         super().__init__(dims, shared)
         self.max_distance = max_distance or dims.max_len - 1
         self.rel = nn.Parameter(torch.randn(dims.n_heads, 2 * self.max_distance + 1) * 0.02)
+
+    def start_at_zero(self) -> bool:
+        """R = 0: no bias at any offset, every offset still trained."""
+        with torch.no_grad():
+            self.rel.zero_()
+        return True
 
     def score_terms(self, q: Tensor, k: Tensor, ctx: Context) -> list[Term]:
         m = self.max_distance

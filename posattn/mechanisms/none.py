@@ -15,3 +15,7 @@ class NoPosition(Mechanism):
 
     paper = "Chang et al. 2021, Table 1 (no position baseline)"
     equation = "s_ij = q_i·k_j/√d_h"
+
+    def start_at_zero(self) -> bool:
+        """Adds nothing, ever."""
+        return True

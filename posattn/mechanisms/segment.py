@@ -54,6 +54,12 @@ class Segment(Mechanism):
     def placement_for(cls, options: dict) -> str:
         return "input" if options.get("mode") == "input" else "layer"
 
+    def start_at_zero(self) -> bool:
+        """S = 0 (or E_seg = 0 at the input): nothing added, the table still trained."""
+        with torch.no_grad():
+            (self.embedding.weight if self.mode == "input" else self.table).zero_()
+        return True
+
     def check(self, ctx: Context) -> None:
         if ctx.segments.numel() and int(ctx.segments.max()) >= self.dims.n_segments:
             raise self.fail(f"segment id {int(ctx.segments.max())} but the model has "

@@ -75,6 +75,12 @@ class T5Bias(Mechanism):
     def layer_shared(cls, options: dict) -> bool:
         return bool(options.get("share_layers", cls.share_layers_default))
 
+    def start_at_zero(self) -> bool:
+        """B = 0: no bias at any offset, every bucket still trained."""
+        with torch.no_grad():
+            self.bias.weight.zero_()
+        return True
+
     def table(self, n: int) -> Tensor:
         """[h, 2n−1]: the bias at every offset of an n-token input."""
         b = t5_bucket(offsets(n, self.bias.weight.device), self.bidirectional,

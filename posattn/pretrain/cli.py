@@ -147,7 +147,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     c.add_argument("--vocab-size", type=positive_int, default=8192,
                    help="vocabulary of a trained tokenizer (default 8192)")
     c.add_argument("--out", default="runs/corpus/default", help="corpus folder (default runs/corpus/default)")
-    c.set_defaults(func=corpus_command)
+    c.set_defaults(func=corpus_command, writes={
+        "OUT/meta.json": "sources, tokenizer, sizes and a fingerprint of the token ids",
+        "OUT/tokenizer.json": "the WordPiece tokenizer (trained on the train split, or the one given)",
+        "OUT/{train,valid}.tokens.bin": "token ids, documents back to back",
+        "OUT/{train,valid}.sentences.npy, OUT/{train,valid}.documents.npy": "sentence and document offsets"})
 
     p = subparsers.add_parser("pretrain", help="pretrain a masked-LM encoder or causal-LM decoder on real text",
                               description=PRETRAIN_HELP, formatter_class=fmt,
@@ -175,7 +179,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_threads_option(p, "process")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.add_argument("--dump-config", action="store_true", help="print the resolved config as YAML and exit")
-    p.set_defaults(func=pretrain_command)
+    p.set_defaults(func=pretrain_command, writes={
+        "OUT/pretrain.json": "the resolved settings and the corpus read (a recipe: in each OUT/<run>/)",
+        "OUT/checkpoint.pt": "everything needed to resume: model, optimizer, step, RNG state",
+        "OUT/model/": "the latest weights as a posattn checkpoint with tokenizer.json (for finetune)",
+        "OUT/metrics.jsonl": "one line per log interval and evaluation",
+        "OUT/loss.png": "training and held-out loss curves",
+        "OUT/result.json": "final held-out metrics, speed and time, once the run is finished",
+        "OUT/results.json, OUT/report.md, OUT/valid_loss.png": "a recipe's summary of its runs"})
 
     e = subparsers.add_parser("eval-lm", help="perplexity / MLM loss against evaluation context length",
                               description=EVAL_HELP, formatter_class=fmt)
@@ -194,4 +205,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_threads_option(e, "process")
     e.add_argument("--out", default="runs/eval-lm", help="output folder (default runs/eval-lm)")
     e.add_argument("--no-progress", action="store_true", help="no progress bars")
-    e.set_defaults(func=eval_command)
+    e.set_defaults(func=eval_command, writes={
+        "OUT/lengths.json": "loss or perplexity at every evaluation length, per model",
+        "OUT/report.md": "the same as a table",
+        "OUT/perplexity_vs_length.png, OUT/mlm_loss_vs_length.png": "the plots (decoders, encoders)"})

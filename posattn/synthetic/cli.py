@@ -28,7 +28,12 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser.add_argument("config", nargs="?", default=None,
                         help=f"YAML config file or built-in name ({', '.join(builtin_configs())}); default: default")
     add_sweep_options(parser, "compare")
-    parser.set_defaults(func=run)
+    parser.set_defaults(func=run, writes={
+        "OUT/cells/<id>/": "one cell: result.json when finished, metrics.jsonl, checkpoint.pt while it "
+                           "trains, model/ (a posattn checkpoint)",
+        "OUT/results.json": "every cell's result and the sweep's config",
+        "OUT/report.md": "accuracy against test length and width, the claims' verdicts",
+        "OUT/accuracy_vs_*.png": "the report's plots"})
     return parser
 
 

@@ -94,3 +94,19 @@ def test_results_pages_are_generated_for_every_recipe(site: Path) -> None:
     assert recipes
     for recipe in recipes:
         assert f"posattn report {recipe} --markdown" in _text(site / "results" / recipe / "index.html")
+
+
+def test_every_command_that_takes_out_declares_the_files_it_writes() -> None:
+    """A command with ``--out`` (and ``results add``, which writes into the store) declares its files
+    beside its parser (``set_defaults(writes=...)``), and the generated CLI reference lists them."""
+    page = docs_gen.cli_reference()
+    writers = [(name, p) for name, p in docs_gen.commands(parser())
+               if any("--out" in a.option_strings for a in p._actions) or name == "posattn results add"]
+    assert len(writers) >= 15
+    for name, p in writers:
+        writes = p.get_default("writes")
+        assert writes and all(path and meaning for path, meaning in writes.items()), f"{name}: no files declared"
+        section = page[page.index(f"`{name}` {{#{name.replace(' ', '-')}}}"):]
+        section = section[:section.index("\n#", 1)] if "\n#" in section[1:] else section
+        for path in writes:
+            assert f"`{path}`" in section, f"{name}: {path} not in the CLI reference"

@@ -1,6 +1,7 @@
 """posattn mechanisms retrofitted into tiny random transformers encoders of each supported family."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -42,7 +43,7 @@ def logits(model) -> torch.Tensor:
 def test_zero_tisa_supplement_leaves_the_model_unchanged(family):
     model = tiny(family)
     before = logits(model)
-    add_mechanisms(model, ["tisa"], mode="supplement")  # init "zero": a = 0
+    add_mechanisms(model, ["tisa"], mode="supplement")  # neutral start: a = 0
     assert all(float(m.a.detach().abs().max()) == 0 for m in model.modules() if getattr(m, "name", "") == "tisa")
     torch.testing.assert_close(logits(model), before, atol=2e-6, rtol=1e-5)
 
@@ -136,8 +137,15 @@ def test_clear_errors():
         add_mechanisms(tiny("bert"), ["absolute"], mode="replace")
     with pytest.raises(PositionError, match="disagrees"):
         add_mechanisms(tiny("bert"), [{"name": "tisa", "mode": "replace"}], mode="supplement")
+    with pytest.raises(PositionError, match="acts on the input"):
+        add_mechanisms(tiny("bert"), ["sinusoidal"])
     with pytest.raises(PositionError, match="tisa is not among"):
-        add_mechanisms(tiny("bert"), ["t5"], mode="supplement")
+        z = np.zeros((2, 4))
+        add_mechanisms(tiny("bert"), ["t5"], init=TisaFit(*(np.zeros((2, 4, 3)),) * 3, z, 8, 4, z, z, z))
+    with pytest.raises(PositionError, match="init='zero' needs a neutral start, which alibi, rope does not"):
+        add_mechanisms(tiny("bert"), ["t5", "alibi", "rope"], init="zero")
+    with pytest.raises(PositionError, match="init must be left out, 'zero', 'default' or a TisaFit"):
+        add_mechanisms(tiny("bert"), ["t5"], init="neutral")
     model = add_mechanisms(tiny("bert"), ["tisa"])
     with pytest.raises(PositionError, match="already has"):
         add_mechanisms(model, ["alibi"], init="default")
