@@ -336,12 +336,28 @@ def license_page(root: str | Path) -> str:
                       Path(root, "LICENSE").read_text().strip(), "```"]) + "\n"
 
 
+def config_reference() -> str:
+    """The config reference page (Markdown): every key of every config kind, from its schema
+    (:data:`posattn.experiments.schemas.CONFIG_SCHEMAS`)."""
+    from posattn.experiments.config import schema_markdown
+    from posattn.experiments.schemas import CONFIG_SCHEMAS
+
+    lines = ["# Config files", "",
+             "Every key each command's YAML config accepts, generated from the config schemas. A config is "
+             "checked whole before anything runs: every problem is listed in one error, unknown keys with "
+             "the valid ones.", ""]
+    for command, schema in CONFIG_SCHEMAS.items():
+        lines += [f"## `posattn {command}`", "", schema_markdown(schema), ""]
+    return "\n".join(lines)
+
+
 def pages(results_root: str | None = None, root: str | Path | None = None) -> dict[str, str]:
     """Every generated page: path under docs/ -> Markdown. ``root``: the repository (examples,
     CHANGELOG.md, CITATION.cff, LICENSE); default: the one this package is in."""
     root = Path(root) if root is not None else Path(__file__).resolve().parents[1]
     results = results_pages(results_root)
     return {"reference/mechanisms.md": mechanism_reference(), "reference/cli.md": cli_reference(),
+            "reference/configs.md": config_reference(),
             "results/index.md": results_index(results),
             **{f"results/{recipe}.md": text for recipe, text in results.items()},
             "examples.md": examples_page(root), "citing.md": license_page(root),

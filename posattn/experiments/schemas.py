@@ -10,6 +10,6 @@ from posattn.synthetic.schema import CompareConfig
 
 CONFIG_SCHEMAS: dict[str, type[BaseModel]] = {
     "compare": CompareConfig,          # posattn compare CONFIG: a sweep of synthetic-task cells
-    "finetune": FinetuneSuiteConfig,   # posattn finetune --config CONFIG: checkpoints × tasks × seeds
+    "finetune": FinetuneSuiteConfig,   # posattn finetune CONFIG: checkpoints × tasks × seeds
     "pretrain": PretrainSchema,        # posattn pretrain CONFIG: one run, or a recipe with runs:
 }

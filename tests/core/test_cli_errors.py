@@ -182,7 +182,7 @@ CASES = [
     (["finetune", "glue", "{root}/good", "--tasks", "rte", "--glue-dir", "{root}/hugefield", "--seeds", "1",
       "--out", "{out}", "--no-progress"], 2, "RTE/train.tsv:22: field larger than field limit"),
     (["finetune", "glue", "{root}/good", "--tasks", "rte", "--glue-dir", "{root}/nowhere", "--seeds", "1",
-      "--out", "{out}", "--no-progress"], 2, "glue_dir {root}/nowhere: no such folder"),
+      "--out", "{out}", "--no-progress"], 2, "glue_dir: {root}/nowhere: no such folder"),
 ]
 
 

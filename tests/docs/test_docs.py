@@ -110,3 +110,13 @@ def test_every_command_that_takes_out_declares_the_files_it_writes() -> None:
         section = section[:section.index("\n#", 1)] if "\n#" in section[1:] else section
         for path in writes:
             assert f"`{path}`" in section, f"{name}: {path} not in the CLI reference"
+
+
+def test_config_reference_lists_every_key_of_every_config_kind():
+    from posattn.experiments.schemas import CONFIG_SCHEMAS
+
+    text = docs_gen.config_reference()
+    for command, schema in CONFIG_SCHEMAS.items():
+        assert f"## `posattn {command}`" in text
+        missing = [key for key in schema.model_fields if f"| `{key}` |" not in text]
+        assert not missing, (command, missing)
