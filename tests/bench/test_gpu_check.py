@@ -127,8 +127,10 @@ def test_cells_in_the_store_are_finished_cells_of_the_run(tmp_path: Path) -> Non
     assert finished_cell(first, [16], run) == result and finished_cell(sweep.cells[1], [16], run) is None
 
 
-def test_throughput_stage_is_tiny_and_stores_each_setting_once(tmp_path: Path) -> None:
+def test_throughput_stage_is_tiny_and_stores_each_setting_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from posattn.bench.throughput import RECIPE
+
+    monkeypatch.setenv("POSATTN_NATIVE", "0")  # the spawned workers need not wait for the fused kernels' build
 
     s = Settings.from_env(tmp_path, {"GPU_CHECK_TINY": "1", "GPU_CHECK_DEVICE": "cpu",
                                      "POSATTN_RESULTS": str(tmp_path / "results")})

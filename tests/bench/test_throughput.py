@@ -21,6 +21,13 @@ TINY = ("name: tiny_mqar\ntask: mqar\ntask_params: {num_kv_pairs: 2}\nvocab_size
         "  - {mechanisms: [rope], layers: 1}\ntraining: {steps: 600, batch_size: 4, lr: 0.003, eval_every: 100}\n")
 
 
+@pytest.fixture(autouse=True)
+def no_native_build(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The spawned workers use the reference kernels: they test the measuring, not the fused
+    kernels, and need not wait for their first build."""
+    monkeypatch.setenv("POSATTN_NATIVE", "0")
+
+
 @pytest.fixture
 def config(tmp_path: Path) -> str:
     path = tmp_path / "tiny.yaml"
