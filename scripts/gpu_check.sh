@@ -1,16 +1,16 @@
 #!/usr/bin/env bash
-# The prepared GPU command: CUDA tests, layer and whole-model benchmarks into the results store,
-# then the next unfinished cells of the CAT figure recipes, all inside one hard deadline.
+# The prepared GPU command: CUDA tests, layer and whole-model benchmarks and the CAT Fig 2 sweep's
+# cells per GPU-hour (posattn bench-throughput) into the results store, then the next unfinished cells of the CAT figure recipes, all inside one hard deadline.
 #
 #   OUT=/path/to/empty/folder bash scripts/gpu_check.sh        # from the repository root
 #
 # What comes back in $OUT (at most 8 files): results.tar.gz (the new and changed files under
 # results/, unpack at the repository root and commit), summary.txt (stages, seconds, what was left
 # for lack of time), gpu_check.log, pytest.log, layer_bench.json, layer_bench_compiled.json,
-# model_bench.json. Settings (environment): GPU_CHECK_SECONDS (default 480), GPU_CHECK_DEVICE
+# model_bench.json, throughput.json. Settings (environment): GPU_CHECK_SECONDS (default 480), GPU_CHECK_DEVICE
 # (cuda), GPU_CHECK_WORKERS (compare workers, 12), GPU_CHECK_REPEATS (3), GPU_CHECK_COMPILE_MODE
 # (default), GPU_CHECK_COMPILE_GROUP (2) and GPU_CHECK_EAGER_GROUP (12) (mechanisms per run),
-# GPU_CHECK_BOXES ("tests=60 layer_eager=150 layer_compiled=120 models=90"), GPU_CHECK_SHAPES
+# GPU_CHECK_BOXES ("tests=60 layer_eager=120 layer_compiled=100 models=90 throughput=90"), GPU_CHECK_SHAPES
 # ("4096x16 512x16 ..."), GPU_CHECK_MECHANISMS, GPU_CHECK_RECIPES, GPU_CHECK_TINY=1 (tiny sizes:
 # the whole command on a CPU in a minute or two); see posattn/bench/gpu_check.py.
 set -u

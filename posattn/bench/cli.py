@@ -1,4 +1,5 @@
-"""``posattn bench``, ``posattn bench-decode`` and ``posattn gpu-check``: the command line of :mod:`posattn.bench`."""
+"""``posattn bench``, ``posattn bench-decode``, ``posattn bench-throughput`` and ``posattn gpu-check``: the
+command line of :mod:`posattn.bench`."""
 from __future__ import annotations
 
 import argparse
@@ -18,7 +19,7 @@ from ..options import add_device_option, add_json_option, natural_int, positive_
 from ..runtime.compile import COMPILE_MODES
 from ..runtime.device import resolve_device
 from ..runtime.files import write_json_atomic
-from . import decode, gpu_check
+from . import decode, gpu_check, throughput
 from .cases import Sizes, parse_mechanisms
 from .models import DEFAULT_MECHANISMS, HF_MODELS, MODEL_LENGTHS, MODEL_SIZES, model_name, model_rows
 from .peers import skipped as skipped_peers
@@ -106,6 +107,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "OUT/decode.png": "the same as a plot"})
 
     gpu_check.register(sub)
+    throughput.register(sub)
 
 
 def mechanism_spec(text: str) -> list[Any]:

@@ -9,7 +9,10 @@ each result as soon as it exists:
 3. ``layer_compiled``: the same with the steps compiled (``torch.compile``), the target
    mechanisms at n = 4096 first, a few mechanisms per run;
 4. ``models``: whole models against Hugging Face (:mod:`.models`) at BERT-base size;
-5. ``cat``: the next unfinished cells of the CAT figure recipes (``posattn compare``).
+5. ``throughput``: cells per GPU-hour of the CAT Fig 2 sweep (:mod:`.throughput`): one eager
+   worker against several workers per GPU and the compiled step, on its largest and a middle
+   shape;
+6. ``cat``: the next unfinished cells of the CAT figure recipes (``posattn compare``).
 
 Each stage is a child process killed at the end of its time box (or of the whole deadline), so
 a kill loses at most the run in flight; every measured setup is a results-store record
@@ -44,10 +47,10 @@ from ..runtime.files import check_name, write_bytes_atomic, write_json_atomic, w
 from .cases import Sizes, spec_label
 from .report import save_json
 
-STAGES = ("tests", "layer_eager", "layer_compiled", "models", "cat")
+STAGES = ("tests", "layer_eager", "layer_compiled", "models", "throughput", "cat")
 # the longest each stage may take (seconds), within the whole deadline; "cat" takes what is left
 # (a first window measures; the stages skip what the store holds, so later windows go to the CAT cells)
-BOXES = {"tests": 60, "layer_eager": 150, "layer_compiled": 120, "models": 90}
+BOXES = {"tests": 60, "layer_eager": 120, "layer_compiled": 100, "models": 90, "throughput": 90}
 RESERVE = 15  # seconds kept at the end for the archive and the summary
 PUBLISH = 30  # seconds kept after a compare run to copy its finished cells into the store
 # (n, batch), most useful first: the n = 4096 targets, then the shapes of the earlier H100 table
@@ -57,6 +60,11 @@ COMPILE_FIRST = ["alibi", "t5", "tisa", "fixed_conv", "dynamic_conv", "rope", "a
 MODEL_MECHANISMS = ["alibi", "t5", "tisa", "fixed_conv", "dynamic_conv", "composite", "cat"]
 RECIPES = ["cat_fair_ar_length", "cat_fair_mqar", "cat_fair_mqnar", "cat_fair_landmark"]
 TESTS = ["tests/core/test_cuda.py", "tests/pretrain/test_cuda.py"]
+THROUGHPUT_RECIPE = "cat_fair_mqar"  # CAT Fig 2
+# (workers, compile mode or None for eager), most telling first: the step is launch-bound, so
+# several workers and CUDA graphs ("reduce-overhead") are the candidates; the baseline comes first
+THROUGHPUT_SETTINGS: list[tuple[int, str | None]] = [(1, None), (2, None), (4, None), (1, "reduce-overhead"),
+                                                     (4, "reduce-overhead"), (8, None)]
 ARCHIVE = "results.tar.gz"
 
 
@@ -84,6 +92,10 @@ class Settings:
     work: Path = Path("/tmp/gpu_check")  # compare run folders (not in the repository)
     results: Path = Path("results")
     tests: list[str] = field(default_factory=lambda: list(TESTS))
+    throughput_cells: list[str] = field(default_factory=lambda: ["largest", "middle"])
+    throughput_settings: list[tuple[int, str | None]] = field(default_factory=lambda: list(THROUGHPUT_SETTINGS))
+    throughput_steps: int = 200
+    throughput_warmup: int = 5
 
     @classmethod
     def from_env(cls, out: str | Path, env: dict[str, str] | None = None) -> Settings:
@@ -96,6 +108,8 @@ class Settings:
             s.tiny = get("GPU_CHECK_TINY", "0") not in ("", "0")
             if s.tiny:
                 s.shapes = [(32, 2), (64, 2)]
+                s.throughput_cells, s.throughput_settings = ["smallest"], [(1, None), (2, None)]
+                s.throughput_steps, s.throughput_warmup = 3, 1
             if "GPU_CHECK_SHAPES" in env:  # "4096x16 512x16"
                 s.shapes = [tuple(_ints(p.replace("x", " "))) for p in env["GPU_CHECK_SHAPES"].split()]  # type: ignore[misc]
             s.mechanisms = get("GPU_CHECK_MECHANISMS", "").replace(",", " ").split()
@@ -270,6 +284,32 @@ def model_stage(s: Settings, rows_out: Path) -> None:
         _log(f"models: {written} records written, {kept} already there")
 
 
+def throughput_stage(s: Settings, rows_out: Path) -> None:
+    """Cells per hour of the CAT Fig 2 sweep by setting (:func:`.throughput.bench`); a cell whose
+    settings are all in the store is skipped, each row is stored when measured."""
+    from .throughput import Setting, bench
+
+    errors: list[str] = []
+    rows = bench(THROUGHPUT_RECIPE, s.throughput_cells, [Setting(w, c) for w, c in s.throughput_settings],
+                 s.throughput_steps, s.throughput_warmup, s.device, root=s.results, skip_stored=True, log=_log,
+                 errors=errors)
+    _append_rows(rows_out, rows)
+    _log(f"throughput: {len(rows)} settings measured, {len(errors)} failed")
+
+
+def throughput_left(s: Settings) -> str:
+    """The settings of the throughput stage's cells that have no record yet."""
+    from ..experiments.store import hardware
+    from ..synthetic.compare import load_config, validate_config
+    from .throughput import Setting, missing, pick_cells
+
+    cells = pick_cells(validate_config(load_config(THROUGHPUT_RECIPE)), s.throughput_cells)
+    wanted = [Setting(w, c) for w, c in s.throughput_settings]
+    left = sum(len(missing(THROUGHPUT_RECIPE, cell, wanted, s.throughput_steps, s.throughput_warmup, 1,
+                           hardware(s.device), s.results)) for cell in cells)
+    return f"{left} settings left" if left else "every setting in the store"
+
+
 # -- the CAT figure cells -------------------------------------------------------------------------
 def seed_run_folder(recipe: str, run: Path, root: Path) -> tuple[str, int, int]:
     """Copy the cells of ``recipe`` already in the store into its compare run folder as finished
@@ -375,6 +415,7 @@ class Driver:
                    left=lambda: self.layer_left(s.compile_mode))
         self.stage("models", self.me("--stage", "models"),
                    left=lambda: f"{len(model_todo(s))} model runs left" if model_todo(s) else "every run in the store")
+        self.stage("throughput", self.me("--stage", "throughput"), left=lambda: throughput_left(s))
         self.cat()
 
     def cat(self) -> None:
@@ -448,6 +489,8 @@ def command(args: argparse.Namespace) -> None:
         layer_stage(s, s.compile_mode, s.out / "layer_bench_compiled.json")
     elif args.stage == "models":
         model_stage(s, s.out / "model_bench.json")
+    elif args.stage == "throughput":
+        throughput_stage(s, s.out / "throughput.json")
     else:
         Driver(s).run()
 
@@ -458,7 +501,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                        "the results store within one deadline", description=plain(__doc__),
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", required=True, type=Path, help="folder for the archive, logs and summary ($OUT)")
-    p.add_argument("--stage", choices=["layer_eager", "layer_compiled", "models"],
+    p.add_argument("--stage", choices=["layer_eager", "layer_compiled", "models", "throughput"],
                    help="run one measuring stage in this process (the driver's children)")
     p.set_defaults(func=command, writes={
         "OUT/summary.txt": "the stages run, their times and what was left",

@@ -1,6 +1,7 @@
-"""``posattn report`` of the GPU benchmark recipes (``gpu_layer_bench``, ``gpu_model_bench``):
-their tables, issue 28's targets judged, and the setups the layer grid still lacks, from the
-results store's records (:mod:`.store`).
+"""``posattn report`` of the GPU benchmark recipes (``gpu_layer_bench``, ``gpu_model_bench``,
+``gpu_sweep_throughput``): their tables, issue 28's targets judged, the setups the layer grid
+still lacks, and a sweep's cells per hour before and after, from the results store's records
+(:mod:`.store`, :mod:`.throughput`).
 
 Every number is a record's bench row as it was measured: a ratio (``train_ratio`` to plain SDPA,
 ``speed_vs_hf_bert``, ``vs_posattn_encoder``...) was formed in the run that timed both sides, in
@@ -209,18 +210,62 @@ def model_report(recipe: str, records: list[dict[str, Any]], out: Path | None) -
     return lines
 
 
+# -- sweep throughput -----------------------------------------------------------------------------
+def throughput_groups(records: list[dict[str, Any]]) -> list[tuple[str, list[dict[str, Any]]]]:
+    """The records by cell and measuring run (hardware, cell, timed steps, warm-up, threads):
+    (title, records), each group's settings by workers within mode, eager first."""
+    groups: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+    for r in records:
+        res = r["result"]
+        groups.setdefault((res["hardware"], res["recipe"], res["cell"], res["steps"], res["warmup"], res["threads"]),
+                          []).append(r)
+    out = []
+    for (hw, recipe, cell, steps, warmup, threads), group in sorted(groups.items()):
+        group.sort(key=lambda r: (r["result"]["mode"] != "eager", r["result"]["mode"], r["result"]["workers"]))
+        row = group[0]["result"]["row"]
+        title = (f"{hw}: {recipe} {row['label']} n={row['train_length']} d={row['d_model']} (cell {cell}; "
+                 f"{steps} timed steps after {warmup}, {threads} thread(s) per worker)")
+        out.append((title, group))
+    return out
+
+
+def throughput_report(recipe: str, records: list[dict[str, Any]]) -> list[str]:
+    """Per cell and hardware: every setting's row, the baseline's cells per hour (1 worker, eager)
+    and the best setting's, each ratio as measured in its run."""
+    from .throughput import COLUMNS as THROUGHPUT_COLUMNS
+
+    lines = [f"# {recipe}: cells of a compare sweep per hour, by workers per device and compile mode", "",
+             ("Cells per hour = aggregate training steps/s × 3600 ÷ the cell's configured steps (its full budget: "
+              "early stopping only raises it); × baseline is a setting's cells per hour ÷ one eager worker's, "
+              "timed in the same run; cells/h +eval also counts the cell's validation passes at their measured "
+              "share."), ""]
+    for title, group in throughput_groups(records):
+        rows = [r["result"]["row"] for r in group]
+        base = next((r for r in rows if r["workers"] == 1 and r["mode"] == "eager"), None)
+        best = max(rows, key=lambda r: r["cells_per_hour"])
+        lines += [f"## {title}", "", *fenced(table(rows, THROUGHPUT_COLUMNS[3:]))]
+        if base is not None:
+            lines.append(f"- before (1 worker, eager): {base['cells_per_hour']:.1f} cells/h")
+        lines += [f"- best ({best['workers']} worker(s), {best['mode']}): {best['cells_per_hour']:.1f} cells/h "
+                  f"(× {best['vs_baseline']:.2f} the baseline of its run)", "", "Provenance:",
+                  *provenance_lines(group), ""]
+    return lines
+
+
 def report(recipe: str, config: dict[str, Any], root: str | Path | None, out: Path | None) -> str:
-    """The report of a bench recipe (its ``recipe.json`` config names the bench: ``layer`` or
-    ``model``); with ``out``, the plots and results.json are written there too."""
+    """The report of a bench recipe (its ``recipe.json`` config names the bench: ``layer``,
+    ``model`` or ``throughput``); with ``out``, the plots and results.json are written there too."""
     records = store.load(recipe, root, kind="cell")
     bench = config.get("bench")
     if bench == "layer":
         lines = layer_report(recipe, records, root, out)
     elif bench == "model":
         lines = model_report(recipe, records, out)
+    elif bench == "throughput":
+        lines = throughput_report(recipe, records)
     else:
         raise PositionError(f"results store: recipe {recipe!r} is a bench recipe of unknown bench {bench!r} "
-                            f"(layer or model)")
+                            f"(layer, model or throughput)")
     if not records:
         lines.insert(2, "No records yet.\n")
     if out is not None:

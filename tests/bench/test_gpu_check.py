@@ -1,6 +1,7 @@
 """The prepared GPU command's parts on the CPU: benchmark rows become store records keyed by their
 setup, a setup in the store is not measured again, stages are killed at their time box, the
-archive holds exactly the new and changed store files, and stored CAT cells are skipped."""
+archive holds exactly the new and changed store files, stored CAT cells are skipped, and the
+throughput stage shrinks with GPU_CHECK_TINY and stores each setting once."""
 from __future__ import annotations
 
 import importlib
@@ -13,7 +14,15 @@ import pytest
 
 from posattn.bench import gpu_check
 from posattn.bench.cases import Sizes
-from posattn.bench.gpu_check import Driver, Settings, layer_plan, layer_stage, seed_run_folder
+from posattn.bench.gpu_check import (
+    Driver,
+    Settings,
+    layer_plan,
+    layer_stage,
+    seed_run_folder,
+    throughput_left,
+    throughput_stage,
+)
 from posattn.bench.store import LAYER_RECIPE, publish_rows, setup
 from posattn.errors import PositionError
 from posattn.experiments import store
@@ -116,3 +125,23 @@ def test_cells_in_the_store_are_finished_cells_of_the_run(tmp_path: Path) -> Non
     run = tmp_path / "run"
     assert seed_run_folder(str(config), run, tmp_path / "results") == ("tiny_cat", 1, 2)
     assert finished_cell(first, [16], run) == result and finished_cell(sweep.cells[1], [16], run) is None
+
+
+def test_throughput_stage_is_tiny_and_stores_each_setting_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from posattn.bench.throughput import RECIPE
+
+    monkeypatch.setenv("POSATTN_NATIVE", "0")  # the spawned workers need not wait for the fused kernels' build
+
+    s = Settings.from_env(tmp_path, {"GPU_CHECK_TINY": "1", "GPU_CHECK_DEVICE": "cpu",
+                                     "POSATTN_RESULTS": str(tmp_path / "results")})
+    assert s.throughput_cells == ["smallest"] and s.throughput_settings == [(1, None), (2, None)]
+    stages = list(gpu_check.STAGES)
+    assert stages.index("models") < stages.index("throughput") == stages.index("cat") - 1
+    assert sum(Settings(out=tmp_path).boxes.values()) <= Settings(out=tmp_path).seconds - gpu_check.RESERVE
+    assert throughput_left(s) == "2 settings left"
+    throughput_stage(s, tmp_path / "throughput.json")
+    records = store.load(RECIPE, s.results, kind="cell")
+    assert sorted((r["result"]["workers"], r["result"]["mode"]) for r in records) == [(1, "eager"), (2, "eager")]
+    assert all(r["result"]["recipe"] == "cat_fair_mqar" and r["result"]["steps"] == 3 for r in records)
+    assert len(json.loads((tmp_path / "throughput.json").read_text())) == 2
+    assert throughput_left(s) == "every setting in the store"
