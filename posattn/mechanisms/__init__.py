@@ -21,6 +21,7 @@ from . import (  # noqa: F401, I001  # noqa: F401, I001  (mixers: they replace s
     conv_layers,
     convbert,
     diet,
+    fire,
     landmark,
     lincat,
     linformer,

@@ -56,6 +56,8 @@ COST_CLASSES: dict[str, str] = {
     "relative_embedding": "a content-dependent score term q_i·W[j − i] or k_j·W[i − j]",
     "convolution": "convolutions of q, k, v or the output along the sequence",
     "mixer": "a replacement of softmax(s)·V itself",
+    "learned_function": "a learned function at every score (an MLP per query row and offset, built in blocks)",
+    "score_transform": "a transform of the written-out n×n scores (no fused kernel takes it)",
 }
 StructureKind = Literal["offsets", "depthwise", "matrix", "segment", "filter"]
 

@@ -15,7 +15,7 @@ from torch import Tensor
 # Mechanisms this module has a formula for; a newly registered mechanism fails the coverage test
 # until its formula is written here.
 COVERED = {"none", "rope", "alibi", "t5", "fixed_conv", "dynamic_conv", "key_dynamic_conv", "composite",
-           "depthwise_conv", "conv_qkv", "cat", "tisa", "diet_abs", "diet_rel", "segment", "tupe"}
+           "depthwise_conv", "conv_qkv", "cat", "tisa", "diet_abs", "diet_rel", "segment", "tupe", "fire"}
 
 
 def t5_bucket_ref(rel: int, bidirectional: bool, num_buckets: int, max_distance: int) -> int:
@@ -92,6 +92,11 @@ def position_bias(mech, name: str, h: int, i: int, j: int, q: Tensor, k: Tensor,
         return mech.rel[h, clip(r, m) + m]
     if name == "segment":
         return mech.table[h, segments[bidx, i], segments[bidx, j]]
+    if name == "fire":  # Li et al. 2023: f_θ(ψ(|i − j|)/(ψ(max(L, i)) + ε)), ψ(x) = log(|cx| + 1)
+        c, big_l = abs(float(mech.c.detach())), float(mech.threshold.detach())
+        x = math.log(c * abs(r) + 1) / (math.log(c * max(big_l, int(positions[bidx, i])) + 1) + 1e-6)
+        hidden = torch.relu(mech.mlp_in.weight[:, 0] * x + mech.mlp_in.bias)
+        return mech.mlp_out.weight[h] @ hidden + mech.mlp_out.bias[h]
     if name == "tupe":
         if mech.untie_cls and i == 0:
             return mech.theta[0, h]
