@@ -218,7 +218,10 @@ def _resolve(terms: list[Term], causal: bool, q: Tensor, policy: Policy) -> list
     Wide position-only low-rank terms that learn (DIET-ABS, TUPE), on CPU beyond
     ``low_rank_dense_max_n`` and ``dense_grad_max_n`` up to ``dense_max_n``, become one
     batch-free [1, h, n, n] bias for flash-bias: folding them would double every head's width in
-    the fused kernel. Idempotent: resolved terms come back unchanged."""
+    the fused kernel. Idempotent: resolved terms come back unchanged. With a score transform
+    nothing changes: it reads the bias itself, so a per-row constant is no longer harmless."""
+    if any(isinstance(t, ScoreTransform) for t in terms):
+        return terms
     terms = [t.causal_form if causal and isinstance(t, Toeplitz) and t.causal_form is not None else t
              for t in terms]
     low = [t for t in terms if isinstance(t, LowRank)]
