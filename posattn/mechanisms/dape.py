@@ -55,8 +55,6 @@ class DAPE(Mechanism):
 
     @classmethod
     def validate(cls, options: dict, others: list[str], dims: Dims) -> None:
-        from . import validate as validate_specs
-
         hidden = options.get("hidden", 32)
         if not isinstance(hidden, int) or isinstance(hidden, bool) or hidden < 1:
             raise PositionError(f"dape: hidden must be a positive integer, got {hidden!r}")
@@ -65,7 +63,11 @@ class DAPE(Mechanism):
         if "score" not in kind.acts_on or kind.cost_class == cls.cost_class or kind.placement_for(inner) != "layer":
             raise PositionError(f"dape: adapts the score bias of another mechanism, and {name} adds none; "
                                 f"give bias a mechanism with a score term (e.g. alibi, t5)")
-        validate_specs([{"name": name, **inner}], dims)
+        unknown = sorted(set(inner) - set(kind.option_names()))
+        if unknown:
+            raise PositionError(f"dape: bias {name} has unknown option(s) {', '.join(unknown)}; valid options: "
+                                f"{', '.join(kind.option_names()) or 'none'}")
+        kind.validate(inner, others, dims)
 
     def adapt(self, logits: Tensor, bias: Tensor) -> Tensor:
         """f_θ([l; B]) [b, h, m, n] across the heads at every (i, j)."""

@@ -87,5 +87,5 @@ def test_bad_options_and_combinations_are_refused() -> None:
         build([{"name": "dape", "bias": 3}], dims())
     with pytest.raises(PositionError, match="dape: hidden must be a positive integer"):
         build([{"name": "dape", "hidden": 0}], dims())
-    with pytest.raises(PositionError, match="t5: unknown option"):
+    with pytest.raises(PositionError, match="dape: bias t5 has unknown option"):
         build([{"name": "dape", "bias": {"name": "t5", "buckets": 3}}], dims())
