@@ -11,15 +11,17 @@ from __future__ import annotations
 from typing import Literal
 
 from ..errors import PositionError
-from .terms import Dense, LowRank, QueryRelative, Term, Toeplitz
+from .terms import Dense, LowRank, QueryRelative, RowNormalised, ScoreTransform, Term, Toeplitz
 
 Path = Literal["sdpa", "dense", "banded", "flash_bias", "fused", "flex"]
 
 HANDLES: dict[str, tuple[type[Term], ...]] = {
     "sdpa": (LowRank,),  # folded into q/k; nothing else reaches SDPA's own kernel
-    "dense": (Toeplitz, LowRank, QueryRelative, Dense),  # one bias (Term.bias), low-rank folded
+    # one bias (Term.bias), low-rank folded; with a score transform the scores are written out
+    "dense": (Toeplitz, LowRank, QueryRelative, Dense, RowNormalised, ScoreTransform),
     "banded": (Toeplitz, LowRank, QueryRelative),  # terms constant beyond a window; low-rank folded
-    "flash_bias": (Toeplitz, LowRank, QueryRelative, Dense),  # table, band chunks, dense chunks
+    # table, band chunks, dense chunks, row-normalised blocks
+    "flash_bias": (Toeplitz, LowRank, QueryRelative, Dense, RowNormalised),
     "fused": (Toeplitz, LowRank, QueryRelative),  # the C++ kernels' inputs (Term.kernel_input)
     "flex": (Toeplitz, LowRank, QueryRelative, Dense),  # inside score_mod; low-rank folded
 }

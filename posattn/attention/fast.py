@@ -47,7 +47,7 @@ documentation ("How the fast paths work").
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -59,14 +59,14 @@ from ..errors import PositionError
 from . import native, reference
 from .banded import BandGeometry, banded_attention
 from .cache import POSITION_CACHE
-from .dispatch import Path, check_terms, refused
+from .dispatch import HANDLES, Path, check_terms, refused
 from .dropout import hashed
 from .flash_bias import BiasGeometry, ChunkFn, flash_bias_attention, relative_chunk
 from .flex import flex_attend
 from .fold import fold_low_rank
 from .fused import fused_attention, kernel_inputs
 from .masking import allowed_mask
-from .terms import Dense, LowRank, QueryRelative, Term, Toeplitz
+from .terms import Dense, LowRank, QueryRelative, RowNormalised, ScoreTransform, Term, Toeplitz, split_transforms
 
 
 @dataclass(frozen=True)
@@ -152,7 +152,7 @@ def plan(q: Tensor, terms: list[Term], causal: bool, dropout: float = 0.0, train
     rest = [t for t in terms if not isinstance(t, LowRank)]
     low = [t for t in terms if isinstance(t, LowRank)]
     n = q.shape[-2]
-    if training and dropout > 0:
+    if training and dropout > 0 or any(isinstance(t, ScoreTransform) for t in terms):
         return "dense" if terms else "sdpa"
     if not rest:
         if low and _low_rank_as_bias(q, low, policy):
@@ -161,7 +161,8 @@ def plan(q: Tensor, terms: list[Term], causal: bool, dropout: float = 0.0, train
         if low and (pays or policy.force == "fused") and _fusable(q, low, policy):
             return "fused"
         return "sdpa"
-    if q.device.type == "cuda" and policy.use_flex and _flex_available():
+    if (q.device.type == "cuda" and policy.use_flex and _flex_available()
+            and all(type(t) in HANDLES["flex"] for t in rest)):
         return "flex"
     if q.device.type != "cpu":
         return "dense"
@@ -218,7 +219,10 @@ def _resolve(terms: list[Term], causal: bool, q: Tensor, policy: Policy) -> list
     Wide position-only low-rank terms that learn (DIET-ABS, TUPE), on CPU beyond
     ``low_rank_dense_max_n`` and ``dense_grad_max_n`` up to ``dense_max_n``, become one
     batch-free [1, h, n, n] bias for flash-bias: folding them would double every head's width in
-    the fused kernel. Idempotent: resolved terms come back unchanged."""
+    the fused kernel. Idempotent: resolved terms come back unchanged. With a score transform
+    nothing changes: it reads the bias itself, so a per-row constant is no longer harmless."""
+    if any(isinstance(t, ScoreTransform) for t in terms):
+        return terms
     terms = [t.causal_form if causal and isinstance(t, Toeplitz) and t.causal_form is not None else t
              for t in terms]
     low = [t for t in terms if isinstance(t, LowRank)]
@@ -321,6 +325,9 @@ def _dense(q: Tensor, k: Tensor, v: Tensor, low: list[LowRank], rest: list[Term]
     no gradient. Low-rank terms fold, unless they are part of such a cached bias or wide
     (:func:`_low_rank_as_bias`)."""
     n, d_v = q.shape[-2], v.shape[-1]
+    rest, changes = split_transforms(rest)
+    if changes:
+        return _transformed(q, k, v, low + rest, changes, keep, causal, scale, p)
     dense_terms: list[Term] = list(rest)
     cache = not _needs_grad(_term_tensors(low + rest)) and _position_only(low + rest)
     if cache:
@@ -343,6 +350,18 @@ def _dense(q: Tensor, k: Tensor, v: Tensor, low: list[LowRank], rest: list[Term]
         bias = (torch.zeros(ok.shape, dtype=q.dtype, device=q.device) if bias is None else bias).masked_fill(
             ~ok, float("-inf"))
     return _softmax_product(q, k, v, bias, causal, scale, p)[..., :d_v]  # bias None: narrow low-rank terms only
+
+
+def _transformed(q: Tensor, k: Tensor, v: Tensor, additive: list[Term], changes: list[Term], keep: Tensor | None,
+                 causal: bool, scale: float, p: float) -> Tensor:
+    """Score transforms (:class:`ScoreTransform`) rewrite the scores themselves, so the scores
+    are written out: the additive terms as one bias (:meth:`Term.bias`: query-relative terms
+    gathered from q·Wᵀ), the transforms, then the masked softmax times v."""
+    n = q.shape[-2]
+    ok = allowed_mask(n, keep, causal, q.device)
+    s = reference.transformed((q @ k.transpose(-1, -2)) * scale, [_dense_bias(additive, n)] if additive else [],
+                              changes, ok, torch.arange(n, device=q.device)[None])
+    return reference.weighted_values(s, ok, v, p, p > 0)
 
 
 def _pad_to(x: Tensor, width: int) -> Tensor:
@@ -408,6 +427,16 @@ def _dense_chunk(inputs: list[Tensor], i0: int, i1: int, j0: int) -> Tensor:
     return bias[..., i0:i1, :].flip(-1)[..., j0:]
 
 
+def _row_normalised_chunk(term: RowNormalised, n: int) -> ChunkFn:
+    """Chunk builder of a row-normalised term over reversed keys j' (key j = n − 1 − j'): the
+    block of rows i0 … i1 − 1 computed from the term's small inputs, never an n×n table."""
+    def build(inputs: Sequence[Tensor], i0: int, i1: int, j0: int) -> Tensor:
+        dev = inputs[0].device
+        return term.block(inputs, torch.arange(i0, i1, device=dev), torch.arange(n - 1 - j0, -1, -1, device=dev))
+
+    return build
+
+
 def _flash_bias(q: Tensor, k: Tensor, v: Tensor, rest: list[Term], keep: Tensor | None, causal: bool,
                 policy: Policy) -> Tensor:
     n = q.shape[-2]
@@ -423,6 +452,9 @@ def _flash_bias(q: Tensor, k: Tensor, v: Tensor, rest: list[Term], keep: Tensor 
         elif isinstance(t, Dense):
             extras.append((_dense_chunk, 1))
             inputs.append(t.dense(n))
+        elif isinstance(t, RowNormalised):
+            extras.append((_row_normalised_chunk(t, n), len(t.inputs())))
+            inputs += t.inputs()
         else:
             raise refused("flash_bias", t)
     geo = BiasGeometry(causal, keep, policy.flash_chunk, policy.grad_chunk, extras=tuple(extras), native=policy.native)

@@ -6,6 +6,8 @@ structures of :mod:`.terms`, never a mechanism's name:
     q, k, v = split(x W_QKV)                    # minus the heads a mechanism supplies itself
     for m in mechanisms: q, k, v = m.transform_qkv(q, k, v)
     terms   = [t for m in mechanisms for t in m.score_terms(q, k)]
+                                                # (additive terms, or a score transform that
+                                                #  rewrites q·kᵀ/√d_h + Σ terms before the mask)
     o       = attend(q, k, v, terms)            # reference or fast path,
             | mixer.mix(q, k, v, terms, softmax) # or a mixer that replaces softmax(s)·V
     for m in mechanisms: o = m.transform_output(o, v)
@@ -28,6 +30,7 @@ from ..errors import PositionError
 from ..mechanisms.base import Context, Dims, Mechanism, Softmax
 from . import fast, reference
 from .decode import blockers
+from .masking import allowed_mask
 from .terms import Term, take_rows
 
 Path = Literal["reference", "fast"]
@@ -109,4 +112,4 @@ class Attention(nn.Module):
                 raise PositionError(f"{m.name}: replaces softmax attention; it has no n×n score matrix "
                                     f"of n_heads heads to report")
         q, k, _ = self.project(x, ctx)
-        return reference.scores(q, k, self.terms(q, k, ctx))
+        return reference.scores(q, k, self.terms(q, k, ctx), ok=allowed_mask(ctx.n, ctx.keep, ctx.causal, q.device))

@@ -14,16 +14,35 @@ from torch import Tensor
 
 from .dropout import dropout as drop
 from .masking import allowed_mask
-from .terms import Term
+from .terms import ScoreTransform, Term
 
 
-def scores(q: Tensor, k: Tensor, terms: list[Term], scale: float | None = None) -> Tensor:
-    """Pre-softmax scores [b, h, n, n] (no mask)."""
+def scores(q: Tensor, k: Tensor, terms: list[Term], scale: float | None = None, ok: Tensor | None = None) -> Tensor:
+    """Pre-softmax scores [b, h, n, n] (no mask; ``ok``, the allowed mask, is read by score
+    transforms alone)."""
     n = q.shape[-2]
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
-    s = torch.einsum("bhid,bhjd->bhij", q, k) * scale
-    for t in terms:
-        s = s + t.dense(n)
+    parts = [t.dense(n) for t in terms if not isinstance(t, ScoreTransform)]
+    return transformed(torch.einsum("bhid,bhjd->bhij", q, k) * scale, parts, terms, ok,
+                       torch.arange(n, device=q.device)[None])
+
+
+def transformed(logits: Tensor, parts: list[Tensor], terms: list[Term], ok: Tensor | None, rows: Tensor) -> Tensor:
+    """logits + Σ parts (the additive terms, added in order), then every :class:`ScoreTransform`
+    of ``terms`` applied in order to (logits, Σ parts), for score rows at positions ``rows``."""
+    changes = [t for t in terms if isinstance(t, ScoreTransform)]
+    if not changes:
+        s = logits
+        for part in parts:
+            s = s + part
+        return s
+    bias = torch.zeros_like(logits)
+    for part in parts:
+        bias = bias + part
+    s = logits + bias
+    for t in changes:
+        s = t.apply(logits, bias, ok, rows)
+        bias = s - logits
     return s
 
 
@@ -32,8 +51,8 @@ def attend(
     dropout: float = 0.0, training: bool = False,
 ) -> Tensor:
     """Attention output [b, h, n, d_v] from the dense score matrix."""
-    return weighted_values(scores(q, k, terms), allowed_mask(q.shape[-2], keep, causal, q.device), v, dropout,
-                           training)
+    ok = allowed_mask(q.shape[-2], keep, causal, q.device)
+    return weighted_values(scores(q, k, terms, ok=ok), ok, v, dropout, training)
 
 
 def weighted_values(s: Tensor, ok: Tensor | None, v: Tensor, dropout: float = 0.0, training: bool = False) -> Tensor:
@@ -50,7 +69,7 @@ def attend_rows(
     """Attention output [b, h, m, d_v] of the query rows ``index`` ([b|1, m] positions; q holds
     those m rows) over all n keys: the rows of :func:`attend`, from an m×n score matrix."""
     n = k.shape[-2]
-    s = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
-    for t in terms:
-        s = s + t.rows(index, n)
-    return weighted_values(s, allowed_mask(n, keep, causal, q.device, index), v, dropout, training)
+    ok = allowed_mask(n, keep, causal, q.device, index)
+    s = transformed(q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1]),
+                    [t.rows(index, n) for t in terms if not isinstance(t, ScoreTransform)], terms, ok, index)
+    return weighted_values(s, ok, v, dropout, training)

@@ -6,10 +6,13 @@ Shapes: b batch, h heads, n length, d head dim. A leading size-1 dim broadcasts.
 """
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 import torch
 from torch import Tensor
+
+from ..errors import PositionError
 
 
 def row_offsets(index: Tensor, n: int) -> Tensor:
@@ -237,3 +240,85 @@ class Dense(Term):
 
     def first_row(self) -> Dense:
         return Dense(self.bias[:1]) if self.bias.dim() == 4 else self
+
+
+@dataclass
+class RowNormalised(Term):
+    """t_ij = f(d[|i − j|] / z_i): a pointwise function f of a distance table d [n] normalised
+    per query row by z (FIRE, Li et al. 2023). It depends on the row i as well as on i − j, so it
+    is not Toeplitz; every block of rows and keys is computed from the small inputs alone
+    (:meth:`block`), so a path builds it block by block in linear memory and differentiates each
+    block with autograd.
+
+    ``fn(x, params)``: x [...] normalised distances -> [..., h] (or [..., 1]); it reads only
+    ``params`` (tensors), never a module, so a block rebuilt from leaf copies of the inputs
+    gives those inputs' gradients."""
+
+    distance: Tensor  # [n], d[r] for r = 0 … n − 1
+    norm: Tensor  # [b|1, n], z_i > 0 per row
+    params: tuple[Tensor, ...]
+    fn: Callable[[Tensor, Sequence[Tensor]], Tensor]
+
+    def inputs(self) -> list[Tensor]:
+        """The tensors :meth:`block` reads, in its order."""
+        return [self.distance, self.norm, *self.params]
+
+    def block(self, inputs: Sequence[Tensor], rows: Tensor, keys: Tensor) -> Tensor:
+        """[b|1, h|1, m, k]: the term at query rows ``rows`` ([b|1, m] or [m]) and keys ``keys``
+        ([k]), from ``inputs`` (:meth:`inputs`, or leaf copies of them)."""
+        distance, norm, *params = inputs
+        rows = rows if rows.dim() == 2 else rows[None]
+        z = torch.take_along_dim(norm, rows, dim=-1)  # [b|1, m]
+        x = distance[(rows[..., None] - keys).abs()] / z[..., None]  # [b|1, m, k]
+        return self.fn(x, params).movedim(-1, 1)
+
+    def dense(self, n: int) -> Tensor:
+        idx = torch.arange(n, device=self.distance.device)
+        return self.block(self.inputs(), idx, idx)
+
+    def rows(self, index: Tensor, n: int) -> Tensor:
+        return self.block(self.inputs(), index, torch.arange(n, device=index.device))
+
+    def tensors(self) -> list[Tensor]:
+        return self.inputs()
+
+    def position_only(self) -> bool:
+        return batch_free(self.norm)
+
+    def first_row(self) -> RowNormalised:
+        return replace(self, norm=self.norm[:1])
+
+
+@dataclass
+class ScoreTransform(Term):
+    """Not an additive term: the scores become s'_ij = fn(l, b, ok, rows)_ij, from the logits
+    l = q·kᵀ/√d_h, the sum b of every additive term (zeros when there is none), the allowed
+    mask ``ok`` (bool, broadcastable to the scores; None when everything is allowed) and the
+    positions ``rows`` [b|1, m] of the score rows (0 … n − 1, or the rows decoded). Applied
+    after every additive term and before the mask and softmax (CoPE, DAPE). Only a path that
+    writes the scores out can apply it; a layer takes one (:func:`posattn.mechanisms.validate`).
+
+    ``inputs``: the tensors ``fn`` reads (gradient checks)."""
+
+    fn: Callable[[Tensor, Tensor, Tensor | None, Tensor], Tensor]
+    inputs: tuple[Tensor, ...] = ()
+
+    def apply(self, logits: Tensor, bias: Tensor, ok: Tensor | None, rows: Tensor) -> Tensor:
+        """The transformed scores [b, h, m, n]."""
+        return self.fn(logits, bias, ok, rows)
+
+    def dense(self, n: int) -> Tensor:
+        raise PositionError("a score transform is no additive score term: it rewrites the scores "
+                            "(ScoreTransform.apply), so it has no bias table of its own")
+
+    def rows(self, index: Tensor, n: int) -> Tensor:
+        return self.dense(n)
+
+    def tensors(self) -> list[Tensor]:
+        return list(self.inputs)
+
+
+def split_transforms(terms: list[Term]) -> tuple[list[Term], list[ScoreTransform]]:
+    """(additive terms, score transforms) of ``terms``, in their order."""
+    return ([t for t in terms if not isinstance(t, ScoreTransform)],
+            [t for t in terms if isinstance(t, ScoreTransform)])

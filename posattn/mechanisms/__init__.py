@@ -20,8 +20,11 @@ from . import (  # noqa: F401, I001  # noqa: F401, I001  (mixers: they replace s
     conv_bias,
     conv_layers,
     convbert,
+    cope,
+    dape,
     diet,
     dynamic_pos_bias,
+    fire,
     forgetting,
     kerple,
     landmark,
@@ -92,6 +95,14 @@ def validate(specs: list[SpecLike], dims: Dims) -> list[Spec]:
             if both:
                 raise PositionError(f"{s.name} and {o} both provide {', '.join(sorted(both))}; keep one")
         cls.validate(s.options, others, dims)
+    transforms = [s.name for s in parsed if get(s.name).cost_class == "score_transform"]
+    if len(transforms) > 1:
+        raise PositionError(f"{transforms[0]} and {transforms[1]} both rewrite the attention scores (score "
+                            f"transforms); a layer takes one")
+    mixers = [s.name for s in parsed if get(s.name).mixes]
+    if transforms and mixers:
+        raise PositionError(f"{transforms[0]} rewrites the attention scores, but {mixers[0]} replaces softmax "
+                            f"attention (a mixer); drop one of them")
     return parsed
 
 

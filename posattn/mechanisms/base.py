@@ -57,6 +57,8 @@ COST_CLASSES: dict[str, str] = {
     "data_dependent_bias": "a score term computed from the layer input (low-rank in a decoder, n×n in an encoder)",
     "convolution": "convolutions of q, k, v or the output along the sequence",
     "mixer": "a replacement of softmax(s)·V itself",
+    "learned_function": "a learned function at every score (an MLP per query row and offset, built in blocks)",
+    "score_transform": "a transform of the written-out n×n scores (no fused kernel takes it)",
 }
 StructureKind = Literal["offsets", "depthwise", "matrix", "segment", "filter"]
 

@@ -30,12 +30,17 @@ def example(kind: type[terms.Term], seed: int = 0) -> tuple[torch.Tensor, ...] |
                                              torch.randn(1, H, N, 3, generator=g)),
         terms.QueryRelative: lambda: terms.QueryRelative(q, torch.randn(2 * W + 1, D, generator=g), W, 0.5),
         terms.Dense: lambda: terms.Dense(torch.randn(B, H, N, N, generator=g)),
+        terms.RowNormalised: lambda: terms.RowNormalised(
+            torch.log1p(torch.arange(N, dtype=torch.float32)), torch.log1p(torch.arange(N).clamp(min=5).float())[None],
+            (torch.randn(H, generator=g),), lambda x, p: torch.sin(x[..., None] * p[0])),
+        terms.ScoreTransform: lambda: terms.ScoreTransform(lambda lg, b, ok, rows: 3 * torch.tanh(lg + b)),
     }
     return q, k, v, made[kind]()
 
 
 def test_every_term_type_is_listed_and_every_path_declared() -> None:
-    assert set(TERM_TYPES) == {terms.Toeplitz, terms.LowRank, terms.QueryRelative, terms.Dense}
+    assert set(TERM_TYPES) == {terms.Toeplitz, terms.LowRank, terms.QueryRelative, terms.Dense,
+                               terms.RowNormalised, terms.ScoreTransform}
     assert set(HANDLES) == set(get_args(Path))
 
 

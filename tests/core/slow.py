@@ -17,7 +17,7 @@ from torch import Tensor
 # until its formula is written here.
 COVERED = {"none", "rope", "alibi", "t5", "fixed_conv", "dynamic_conv", "key_dynamic_conv", "composite",
            "depthwise_conv", "conv_qkv", "cat", "tisa", "diet_abs", "diet_rel", "segment", "tupe",
-           "kerple", "sandwich", "dynamic_pos_bias", "forgetting"}
+           "kerple", "sandwich", "dynamic_pos_bias", "forgetting", "fire", "cope", "dape"}
 
 
 def t5_bucket_ref(rel: int, bidirectional: bool, num_buckets: int, max_distance: int) -> int:
@@ -143,6 +143,11 @@ def position_bias(mech, name: str, h: int, i: int, j: int, q: Tensor, k: Tensor,
         return mech.rel[h, clip(r, m) + m]
     if name == "segment":
         return mech.table[h, segments[bidx, i], segments[bidx, j]]
+    if name == "fire":  # Li et al. 2023: f_θ(ψ(|i − j|)/(ψ(max(L, i)) + ε)), ψ(x) = log(|cx| + 1)
+        c, big_l = abs(float(mech.c.detach())), float(mech.threshold.detach())
+        x = math.log(c * abs(r) + 1) / (math.log(c * max(big_l, int(positions[bidx, i])) + 1) + 1e-6)
+        hidden = torch.relu(mech.mlp_in.weight[:, 0] * x + mech.mlp_in.bias)
+        return mech.mlp_out.weight[h] @ hidden + mech.mlp_out.bias[h]
     if name == "tupe":
         if mech.untie_cls and i == 0:
             return mech.theta[0, h]
@@ -155,6 +160,8 @@ def position_bias(mech, name: str, h: int, i: int, j: int, q: Tensor, k: Tensor,
         if mech.relative is not None:
             total = total + position_bias(mech.relative, "t5", h, i, j, q, k, bidx, segments, dh, causal, n, positions)
         return total
+    if name == "dape":  # the bias it adapts (its transform: score_transform)
+        return position_bias(mech.inner, mech.inner.name, h, i, j, q, k, bidx, segments, dh, causal, n, positions)
     return 0.0
 
 
@@ -231,27 +238,62 @@ def slow_layer(attn, x: Tensor, keep: Tensor | None, causal: bool, segments: Ten
                 conv = conv_along(x, mech.depthwise[t], causal, keep) @ lin.weight.T + lin.bias
                 new[t] = torch.cat([new[t][:, : H - c], conv.reshape(b, n, c, dh).permute(0, 2, 1, 3)], 1)
             q, k, v = new["q"], new["k"], new["v"]
+    def allowed(bi: int, i: int, j: int) -> bool:
+        return (i == j) or ((not causal or j <= i) and (keep is None or bool(keep[bi, j])))
+
+    logits = torch.zeros(b, H, n, n, dtype=x.dtype)
+    scores = torch.zeros(b, H, n, n, dtype=x.dtype)
+    for bi in range(b):
+        for h in range(H):
+            for i in range(n):
+                for j in range(n):
+                    logits[bi, h, i, j] = s = (q[bi, h, i] @ k[bi, h, j]) * scale
+                    for mech in attn.mechanisms:
+                        s = s + position_bias(mech, mech.name, h, i, j, q, k, bi, segments, dh, causal, n, positions,
+                                              x)
+                    scores[bi, h, i, j] = s
+    for mech in attn.mechanisms:
+        if mech.name in ("cope", "dape"):
+            scores = score_transform(mech, logits, scores, q, allowed)
     o = torch.zeros(b, H, n, dh, dtype=x.dtype)
     for bi in range(b):
         for h in range(H):
             for i in range(n):
-                row = []
-                for j in range(n):
-                    allowed = (i == j) or ((not causal or j <= i) and (keep is None or bool(keep[bi, j])))
-                    if not allowed:
-                        row.append(torch.tensor(float("-inf"), dtype=x.dtype))
-                        continue
-                    s = (q[bi, h, i] @ k[bi, h, j]) * scale
-                    for mech in attn.mechanisms:
-                        s = s + position_bias(mech, mech.name, h, i, j, q, k, bi, segments, dh, causal, n, positions,
-                                              x)
-                    row.append(s)
+                row = [scores[bi, h, i, j] if allowed(bi, i, j) else torch.tensor(float("-inf"), dtype=x.dtype)
+                       for j in range(n)]
                 p = torch.softmax(torch.stack(row), 0)
                 o[bi, h, i] = sum(p[j] * v[bi, h, j] for j in range(n))
     if "depthwise_conv" in names:
         mech = attn.mechanisms[names.index("depthwise_conv")]
         o = o + heads(conv_along(merge(v), mech.weight, causal, keep), H)
     return merge(o) @ attn.out.weight.T + attn.out.bias
+
+
+def score_transform(mech, logits: Tensor, scores: Tensor, q: Tensor, allowed) -> Tensor:
+    """The scores [b, H, n, n] after a score transform, entry by entry.
+
+    CoPE (Golovneva et al. 2024): p_ij = Σ_{t=j..i} σ(s_it) over allowed keys t (between i and j
+    on either side in an encoder), clipped to npos_max − 1; s_ij + q_i·e[p_ij] interpolated
+    between ⌊p⌋ and ⌈p⌉. DAPE (Zheng et al. 2024): l_ij + B_ij + MLP([l_ij; B_ij]) across heads."""
+    b, H, n, _ = scores.shape
+    out = scores.clone()
+    for bi in range(b):
+        for i in range(n):
+            for j in range(n):
+                if mech.name == "dape":
+                    lij, bij = logits[bi, :, i, j], scores[bi, :, i, j] - logits[bi, :, i, j]
+                    pre = mech.mlp_in.weight @ torch.cat([lij, bij]) + mech.mlp_in.bias
+                    hidden = torch.nn.functional.leaky_relu(pre)
+                    out[bi, :, i, j] = lij + bij + mech.mlp_out.weight @ hidden + mech.mlp_out.bias
+                    continue
+                for h in range(H):
+                    p = sum(torch.sigmoid(scores[bi, h, i, t]) for t in range(min(i, j), max(i, j) + 1)
+                            if allowed(bi, i, t))
+                    p = min(float(p.detach()), mech.npos_max - 1)
+                    lo, hi = math.floor(p), math.ceil(p)
+                    e = mech.pos_emb
+                    out[bi, h, i, j] += (p - lo) * (q[bi, h, i] @ e[hi]) + (1 - p + lo) * (q[bi, h, i] @ e[lo])
+    return out
 
 
 def sinusoid_ref(pos: int, d: int, base: float = 10000.0) -> list[float]:

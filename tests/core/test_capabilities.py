@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from posattn.attention.layer import mix
-from posattn.attention.terms import Dense, LowRank, QueryRelative, Toeplitz
+from posattn.attention.terms import Dense, LowRank, QueryRelative, RowNormalised, ScoreTransform, Toeplitz
 from posattn.mechanisms import COST_CLASSES, REGISTRY, Context, Dims, build, cost_classes, names
 
 DIMS = Dims(d_model=16, n_heads=2, n_layers=1, max_len=16, n_segments=2, causal=False)
@@ -50,6 +50,8 @@ def test_cost_class_follows_from_what_the_mechanism_builds(name: str) -> None:
         "wide_low_rank": LowRank in kinds and rank >= DIMS.head_dim,
         "convolution": not terms and not mech.mixes and set(mech.acts_on) <= {"q", "k", "v", "output"},
         "mixer": mech.mixes,
+        "learned_function": RowNormalised in kinds,
+        "score_transform": ScoreTransform in kinds,
     }
     assert expected[cls.cost_class], f"{name}: declared {cls.cost_class!r}, builds {kinds or 'no terms'}"
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from posattn.mechanisms import REGISTRY
+
 from .helpers import MIXERS, NAMES, VARIANTS, model, run, segments_for, skip_encoder_only, spec_id, tokens, with_path
 
 B, N = 3, 12
@@ -102,7 +104,8 @@ LOW_RANK_OR_NOTHING = ["none", "absolute", "sinusoidal", "rope", "cat", "conv_qk
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["encoder", "decoder"])
-@pytest.mark.parametrize("name", [n for n in NAMES if n not in MIXERS])  # the softmax path's structure
+# the softmax path's structure; score transforms write their scores out (tests/mechanisms/test_cope.py)
+@pytest.mark.parametrize("name", [n for n in NAMES if n not in MIXERS and REGISTRY[n].cost_class != "score_transform"])
 def test_fast_path_structure(name, causal, monkeypatch):
     """The fast path never materialises Shaw's n×n×d tensor or a low-rank n×n term, and with
     only low-rank terms (or causal ALiBi in a decoder) and no padding it hands SDPA no mask.
