@@ -68,7 +68,8 @@ class Attention(nn.Module):
         itself (:meth:`Mechanism.own_heads`): those rows of W_QKV are never computed."""
         b, n, d = x.shape
         h, hd = self.dims.n_heads, self.dims.head_dim
-        own = [max((m.own_heads().get(t, 0) for m in self.mechanisms), default=0) for t in "qkv"]
+        owned = [m.own_heads() for m in self.mechanisms]
+        own = [max([0, *(o.get(t, 0) for o in owned)]) for t in "qkv"]
         if not any(own):
             return list(self.qkv(x).view(b, n, 3, h, hd).permute(2, 0, 3, 1, 4))
         widths = [(h - c) * hd for c in own]

@@ -45,7 +45,11 @@ TICK = 30.0               # seconds between the "still building / still waiting"
 
 
 def enabled() -> bool:
-    """Whether the kernels may be used here: not turned off, and a CPU they are compiled for."""
+    """Whether the kernels may be used here: not turned off, a CPU they are compiled for, and not
+    inside ``torch.compile`` (dynamo cannot trace a C++ extension: each call would split the graph;
+    the compiled step uses the torch paths, which the compiler fuses instead)."""
+    if torch.compiler.is_compiling():
+        return False
     return (os.environ.get("POSATTN_NATIVE", "1") != "0"
             and torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512"))
 

@@ -47,14 +47,21 @@ def interpolated(logits_int: Tensor, pos: Tensor) -> Tensor:
 
 @register("cope")
 class CoPE(Mechanism):
+    """CoPE: contextual positions p_ij = Σ_{t=j..i} σ(q_i·k_t) count the keys the query attends
+    to, and the bias q_i·e[p_ij] interpolates learned position vectors between floor(p) and ceil(p)
+    (Golovneva et al. 2024); applied through the score-transform hook.
+
+    Options:
+        npos_max: number of learned position vectors e[0 … npos_max − 1]; contextual positions
+            beyond npos_max − 1 share the last one.
+    """
+
     paper = "Golovneva et al. 2024 (CoPE)"
     equation = "s_ij += q_i·e[p_ij], p_ij = Σ_{t=j..i} σ(s_it)"
     acts_on = ("score",)
     cost_class = "score_transform"
 
     def __init__(self, dims: Dims, shared: dict[str, nn.Module], npos_max: int = 16) -> None:
-        """``npos_max``: number of learned position vectors e[0 … npos_max − 1]; contextual
-        positions beyond npos_max − 1 share the last one."""
         super().__init__(dims, shared)
         self.npos_max = npos_max
         self.pos_emb = nn.Parameter(torch.randn(npos_max, dims.head_dim) * dims.head_dim ** -0.5)

@@ -36,6 +36,15 @@ def _bias_spec(options: dict[str, Any]) -> tuple[str, dict[str, Any]]:
 
 @register("dape")
 class DAPE(Mechanism):
+    """DAPE: an MLP across heads over the logits and another mechanism's bias adapts that bias to
+    the data: s_ij = l_ij + B_ij + f_θ([l_ij; B_ij]) (Zheng et al. 2024); applied through the
+    score-transform hook.
+
+    Options:
+        bias: the mechanism whose score term DAPE adapts (a name or a spec dict; default alibi).
+        hidden: width of f_θ's hidden layer (the paper's D_DAPE).
+    """
+
     paper = "Zheng et al. 2024 (DAPE)"
     equation = "s_ij = l_ij + B_ij + f_θ([l_ij; B_ij])"
     acts_on = ("score",)
@@ -44,8 +53,6 @@ class DAPE(Mechanism):
 
     def __init__(self, dims: Dims, shared: dict[str, nn.Module], bias: str | dict[str, Any] = "alibi",
                  hidden: int = 32) -> None:
-        """``bias``: the mechanism whose score term DAPE adapts (a name or a spec dict);
-        ``hidden``: width of f_θ's hidden layer (the paper's D_DAPE)."""
         super().__init__(dims, shared)
         name, options = _bias_spec({"bias": bias})
         self.inner = get(name)(dims, {}, **options)

@@ -50,6 +50,18 @@ def _number(options: dict, key: str, default: float, low: float, strict: bool, m
 
 @register("fire")
 class FIRE(Mechanism):
+    """FIRE: a learned function of the distance, normalised by the query's position, as the bias:
+    f_θ(ψ(i−j)/ψ(max(L, i))), ψ(x) = log(cx + 1) (Li et al. 2023); causal in the paper, and
+    here with abs(i−j) in an encoder (not evaluated by the paper).
+
+    Options:
+        hidden: width of f_θ's hidden layer (the paper: 32).
+        c_init: initial c of ψ (the paper: 0.1).
+        threshold_init: L₀, the initial threshold L in positions (default max_len / 4: the
+            paper's 512 for its 2048-token training length).
+        learn_threshold: learn L (else it stays L₀).
+    """
+
     paper = "Li et al. 2023 (FIRE)"
     equation = "s_ij += f_θ(ψ(i−j)/ψ(max(L,i))), ψ(x) = log(cx+1)"
     acts_on = ("score",)
@@ -58,10 +70,6 @@ class FIRE(Mechanism):
 
     def __init__(self, dims: Dims, shared: dict[str, nn.Module], hidden: int = 32, c_init: float = 0.1,
                  threshold_init: float | None = None, learn_threshold: bool = True) -> None:
-        """``hidden``: width of f_θ's hidden layer (the paper: 32); ``c_init``: initial c of ψ (the
-        paper: 0.1); ``threshold_init``: L₀, the initial threshold L in positions (default
-        max_len / 4: the paper's 512 for its 2048-token training length); ``learn_threshold``:
-        learn L (else it stays L₀)."""
         super().__init__(dims, shared)
         h = dims.n_heads
         self.mlp_in = nn.Linear(1, hidden)

@@ -110,10 +110,11 @@ class Transformer(nn.Module):
         b, n = input_ids.shape
         if n == 0:
             raise PositionError("input_ids has length 0")
-        lo, hi = int(input_ids.min()), int(input_ids.max())
-        if lo < 0 or hi >= self.cfg.vocab_size:
-            raise PositionError(f"token id {hi if hi >= self.cfg.vocab_size else lo} outside the "
-                                f"vocabulary [0, {self.cfg.vocab_size})")
+        if not torch.compiler.is_compiling():  # a host sync: it would split a compiled step in two
+            lo, hi = int(input_ids.min()), int(input_ids.max())
+            if lo < 0 or hi >= self.cfg.vocab_size:
+                raise PositionError(f"token id {hi if hi >= self.cfg.vocab_size else lo} outside the "
+                                    f"vocabulary [0, {self.cfg.vocab_size})")
         keep = None
         if attention_mask is not None:
             if attention_mask.shape != (b, n):

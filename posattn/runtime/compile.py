@@ -10,6 +10,11 @@ Recompilation is bounded by the shapes a step sees: a training step has one sequ
 synthetic tasks and pretraining train at one length); the number of scored positions of masked-LM
 and recall batches varies from step to step, which dynamo handles by marking that dimension
 dynamic after its second shape (``dynamic=None``), so a run compiles at most twice.
+
+Inside a compiled step the fused C++ CPU kernels stand aside (dynamo cannot trace an extension;
+the compiler fuses the torch paths instead), and the token-id range check (a host sync) is
+skipped. The graph still splits where a step depends on data: the synthetic tasks and masked LM
+compute logits only at the scored positions, whose number is read from the batch.
 """
 from __future__ import annotations
 
