@@ -9,14 +9,13 @@ import torch
 import yaml
 
 from ..errors import PositionError
-from ..experiments.executors import add_executor_options, budget_note, executor_from
+from ..experiments.executors import add_executor_options, executor_from
 from ..text.corpus import build_corpus
 from ..text.sources import BUILTIN, DEFAULT_SOURCES, files, load_documents, saved_dataset
 from ..text.tokenizer import KINDS
 from .config import PretrainConfig, builtin_configs, load, with_overrides
 from .lm_eval import SCALINGS, length_sweep, subject, write_report
 from .recipe import run_recipe
-from .run import RESULT
 
 CORPUS_HELP = """\
 Assemble a plain-text corpus, split it into train/valid/held-out by document, train a tokenizer
@@ -96,8 +95,6 @@ def pretrain_command(args: argparse.Namespace) -> None:
     finally:
         leave_process_group()
     single = len(runs) == 1 and runs[0][0] == name
-    asked = [label for label, _ in runs if args.runs is None or label in args.runs]
-    note = None if single else budget_note(sum((out / label / RESULT).exists() for label in asked), len(asked), "runs")
     if (out / "report.md").exists():
         print((out / "report.md").read_text())
     elif single:
@@ -107,8 +104,6 @@ def pretrain_command(args: argparse.Namespace) -> None:
         print(f"{name}: {r['steps']} steps, {r['tokens']:,} tokens, {r['tokens_per_s']:,.0f} tokens/s, "
               f"held-out loss {r['valid_loss']:.3f}, {extra}")
     print(f"checkpoints, metrics and plots in {out}/ (model for fine-tuning: {out}/model or {out}/<run>/model)")
-    if note is not None:
-        print(note)
 
 
 def eval_command(args: argparse.Namespace) -> None:
