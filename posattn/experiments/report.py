@@ -78,15 +78,14 @@ def gather(recipe: str, root: str | Path | None = None, runs: list[str | Path] =
 
 
 def _compare(got: Gathered, out: Path | None) -> str:
-    from posattn.synthetic.report import report_text, select_lr, write_plots
+    from posattn.synthetic.report import report_text, select_lr, summarise, write_plots
 
     results = sorted(copy.deepcopy(list(got.cells.values())),
                      key=lambda r: (r["train_length"], r["d_model"], r["label"], r["lr"], r["seed"]))
     select_lr(results)
     text = report_text(got.config, results, got.total or len(results))
     if out is not None:
-        write_json_atomic(out / "results.json", {"name": got.recipe, "config": got.config,
-                                                 "cells_total": got.total, "cells": results})
+        write_json_atomic(out / "results.json", summarise(got.recipe, got.config, results, got.total))
         write_plots(got.config, results, out)
     return text
 

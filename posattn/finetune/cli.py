@@ -7,7 +7,7 @@ from pathlib import Path
 import yaml
 
 from ..errors import PositionError
-from ..experiments.executors import budget_note, executor_from
+from ..experiments.executors import executor_from
 from ..options import natural_int, positive_int
 from ..synthetic.cli import add_sweep_options
 from .suite import builtin_configs, load_config, run_suite, schema_text, validate_config
@@ -71,12 +71,9 @@ def run(args: argparse.Namespace) -> None:
     suite = validate_config(raw)
     out = args.out or f"runs/finetune-{suite.name}"
     executor = executor_from(args, args.threads, raw.get("executor"), out)
-    results = run_suite(suite, out, executor, device=args.device, progress=not args.no_progress,
-                        report_only=args.report)
+    run_suite(suite, out, executor, device=args.device, progress=not args.no_progress, report_only=args.report)
     print((Path(out) / "report.md").read_text())
     print(f"results, report and plots in {out}/")
-    if not args.report and (note := budget_note(len(results), len(suite.cells))):
-        print(note)
 
 
 def split_inputs(inputs: list[str], config: str | None) -> tuple[str | None, list[str]]:

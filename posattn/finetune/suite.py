@@ -14,13 +14,10 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-import yaml
-from tqdm.auto import tqdm
-
 from ..claims import parse_claims
 from ..experiments import config as config_loader
-from ..experiments.config import ConfigError
-from ..experiments.executors import Executor, LocalExecutor, NotStarted
+from ..experiments import sweep as sweep_runner
+from ..experiments.executors import Executor
 from ..runtime.files import write_json_atomic
 from .report import summarise, write_plots, write_report
 from .run import Cell, FinetuneConfig, fingerprint, finished_cell, run_cell, task_data
@@ -104,47 +101,39 @@ def _read_cell(job: tuple[Cell, str, str, bool, bool]) -> dict | None:
     return finished_cell(job[0], Path(job[1]))
 
 
+def recipe(suite: Suite, out: Path, device: str = "auto", progress: bool = True) -> sweep_runner.Recipe:
+    """The suite for :func:`posattn.experiments.sweep.run`: the cells of intermediate tasks are wave 0,
+    the cells they initialise wave 1. Finished cells go to :func:`~posattn.finetune.run.run_cell` too,
+    which reads them back unless a model they keep for the next wave is missing."""
+    store = Path(suite.cell_store) if suite.cell_store else out / "cells"
+    cells = [sweep_runner.Cell(c.id, f"cell {c.id} ({c.label}, {c.task}, seed {c.seed})",
+                               (c, str(store), device, c.id in suite.keep, progress),
+                               wave=int(c.init_from is not None)) for c in suite.cells]
+    start = time.perf_counter()
+
+    def write_summary(results: list[dict], total: int, out: Path) -> None:
+        summary = summarise(suite.name, suite.config, results, total,
+                            wall_seconds=round(time.perf_counter() - start, 1))
+        write_json_atomic(out / "results.json", summary)
+        write_report(suite.config, summary, out)
+        write_plots(suite.config, summary, out)
+
+    return sweep_runner.Recipe(f"suite {suite.name!r}", cells, _cell_job, _read_cell, write_summary,
+                               config=suite.config, cell_store=store, skip_finished=False)
+
+
 def run_suite(suite: Suite, out: str | Path, executor: Executor | None = None, device: str = "auto",
               progress: bool = True, report_only: bool = False) -> list[dict]:
     """Run every unfinished cell (intermediate sources first), then write results.json, report.md and plots;
-    return the finished cells' results.
+    return the finished cells' results (:func:`posattn.experiments.sweep.run`).
 
     ``executor``: where the cells run (default: one after another in this process); cells its time
     budget keeps from starting are left for the next invocation and the report says it is partial.
     ``report_only``: train nothing, report the cells finished so far (a partial report says so);
     ConfigError if there are none."""
-    start = time.perf_counter()
     out = Path(out)
-    store = Path(suite.cell_store) if suite.cell_store else out / "cells"
-    if report_only:
-        results = [r for c in suite.cells if (r := finished_cell(c, store)) is not None]
-        if not results:
-            raise ConfigError(f"{store}: no finished cells of suite {suite.name!r} to report yet")
-        out.mkdir(parents=True, exist_ok=True)
-        _write_summary(suite, results, out, time.perf_counter() - start)
-        return results
-    for key in {(c.task, c.glue_dir, c.max_train, c.max_eval) for c in suite.cells}:
-        task_data(*key)                     # a bad task file fails here, before anything is written
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "config.yaml").write_text(yaml.safe_dump(suite.config, sort_keys=False))
-    executor = executor or LocalExecutor()
-    waves = [[c for c in suite.cells if c.init_from is None], [c for c in suite.cells if c.init_from is not None]]
-    results: list[dict] = []
-    bar = tqdm(total=len(suite.cells), desc="cells", disable=not progress, dynamic_ncols=True)
-    for wave in waves:  # intermediate tasks first: their checkpoints start the second wave's cells
-        jobs = [(c, str(store), device, c.id in suite.keep, progress) for c in wave]
-        labels = [f"cell {c.id} ({c.label}, {c.task}, seed {c.seed})" for c in wave]
-        for r in executor.map(_cell_job, jobs, labels, read=_read_cell):
-            if not isinstance(r, NotStarted):
-                results.append(r)
-            bar.update(1)
-    bar.close()
-    _write_summary(suite, results, out, time.perf_counter() - start)
-    return results
-
-
-def _write_summary(suite: Suite, results: list[dict], out: Path, wall: float) -> None:
-    summary = summarise(suite.name, suite.config, results, len(suite.cells), wall_seconds=round(wall, 1))
-    write_json_atomic(out / "results.json", summary)
-    write_report(suite.config, summary, out)
-    write_plots(suite.config, summary, out)
+    plan = recipe(suite, out, device, progress)      # its wall time starts now
+    if not report_only:
+        for key in {(c.task, c.glue_dir, c.max_train, c.max_eval) for c in suite.cells}:
+            task_data(*key)                     # a bad task file fails here, before anything is written
+    return sweep_runner.run(plan, out, executor, progress=progress, report_only=report_only)

@@ -28,23 +28,18 @@ from typing import Any
 import numpy as np
 import torch
 from torch import Tensor, nn
-from tqdm import tqdm
 from transformers import AutoModelForSequenceClassification, PreTrainedModel
 
 from ..analysis.hf import resolve
 from ..analysis.tisa_fit import TisaFit
 from ..claims import SIGMAS, judge, parse_claims, report_row
-from ..experiments.executors import (
-    Executor,
-    LocalExecutor,
-    NotStarted,
-    budget_note,
-)
+from ..experiments import sweep as sweep_runner
+from ..experiments.executors import Executor
 from ..finetune.report import plot_scores, seed_values, suite_scores
 from ..finetune.run import FinetuneConfig, baseline, encoded, finetune, score
 from ..finetune.tasks import OFFLINE_SUITE, TASKS
 from ..markdown import table as md_table
-from ..runtime.files import write_json_atomic
+from ..runtime.files import write_json_atomic, write_text_atomic
 from .retrofit import add_mechanisms, fit_kernels
 
 VARIANTS: dict[str, tuple[str, int] | None] = {
@@ -202,8 +197,9 @@ def run(model: str = "minilm", tasks: list[str] | None = None, seeds: int = 5, m
         max_len: int = 128, executor: Executor | None = None) -> dict[str, Any]:
     """Every unfinished cell through ``executor`` (default: one after another in this process; a
     :class:`~posattn.experiments.executors.LocalExecutor` with workers gives each an equal share of
-    the CPU threads); report.md and results.json are rewritten after every cell. Cells the
-    executor's time budget keeps from starting are left for the next invocation."""
+    the CPU threads), by :func:`posattn.experiments.sweep.run`; report.md and results.json are
+    rewritten after every cell. Cells the executor's time budget keeps from starting are left for
+    the next invocation. Returns the content of results.json."""
     tasks = tasks or list(OFFLINE_SUITE)
     folder = resolve(model)
     (out / "cells").mkdir(parents=True, exist_ok=True)
@@ -215,34 +211,32 @@ def run(model: str = "minilm", tasks: list[str] | None = None, seeds: int = 5, m
                 f"validation/test examples, ≤ {max_len} tokens, lr {lr}, {epochs} epochs, batch 32, warmup 10% + "
                 f"linear decay; TISA kernels regression-initialised (TISA App. C); test scores × 100.")
     name = folder.name if model not in ("minilm", "mpnet") else model
-    cells = [json.loads(j.path.read_text()) for j in jobs if j.path.exists()]
-    todo = [j for j in jobs if not j.path.exists()]
-    labels = [f"cell {j.variant} × {j.task}, seed {j.seed}" for j in todo]
-    with tqdm(total=len(jobs), initial=len(cells), desc="table3") as bar:
-        for cell in (executor or LocalExecutor()).map(_cell_job, todo, labels, read=_read_cell, ordered=False):
-            if isinstance(cell, NotStarted):
-                continue
-            cells.append(cell)
-            bar.update(1)
-            # after every cell: partial results stay
-            write(out, cells, tasks, name, str(folder), protocol, total=len(jobs))
-    if note := budget_note(len(cells), len(jobs)):
-        print(note)
-    return write(out, cells, tasks, name, str(folder), protocol, plots=True, total=len(jobs))
+
+    def summary(records: list[dict[str, Any]], total: int, into: Path) -> None:
+        write(into, records, tasks, name, str(folder), protocol, plots=True, total=total)
+
+    cells = [sweep_runner.Cell(j.path.stem, f"cell {j.variant} × {j.task}, seed {j.seed}", j) for j in jobs]
+    study = sweep_runner.Recipe(f"the Table 3 study of {name}", cells, _cell_job, _read_cell, summary,
+                                summary_each_cell=True)
+    return results(sweep_runner.run(study, out, executor), tasks, str(folder), protocol)
+
+
+def results(cells: list[dict[str, Any]], tasks: list[str], folder: str, protocol: str) -> dict[str, Any]:
+    """The study's ``results.json``: the model, the protocol, the :func:`summarise` statistics and the cells."""
+    return {"model": folder, "protocol": protocol, "summary": summarise(cells, tasks), "cells": cells}
 
 
 def write(out: Path, cells: list[dict[str, Any]], tasks: list[str], name: str, folder: str,
           protocol: str, plots: bool = False, total: int | None = None) -> dict[str, Any]:
     """results.json and report.md (and, with ``plots``, scores.png and suite_score.png); the report
     says it is partial when fewer than ``total`` cells are finished."""
-    summary = summarise(cells, tasks)
-    result = {"model": folder, "protocol": protocol, "summary": summary, "cells": cells}
+    result = results(cells, tasks, folder, protocol)
     write_json_atomic(out / "results.json", result, indent=2)
-    text = report(cells, summary, tasks, {"model": name, "protocol": protocol})
+    text = report(cells, result["summary"], tasks, {"model": name, "protocol": protocol})
     if total is not None and len(cells) < total:
         text = text.replace("\n\n", f"\n\n**Partial: {len(cells)} of {total} cells finished.** "
                                     "Rerun to finish it.\n\n", 1)
-    (out / "report.md").write_text(text)
+    write_text_atomic(out / "report.md", text)
     if plots:
         plot_scores(f"TISA Table 3 on {name}", list(VARIANTS), tasks, finetune_cells(cells), out)
     return result

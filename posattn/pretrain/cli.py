@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 import yaml
 
-from ..experiments.executors import add_executor_options, budget_note, executor_from
+from ..experiments.executors import add_executor_options, executor_from
 from ..options import (
     add_device_option,
     add_threads_option,
@@ -96,7 +96,6 @@ def pretrain_command(args: argparse.Namespace) -> None:
                              executor=executor, only=args.runs)
     finally:
         leave_process_group()
-    note = None if single else budget_note(sum((out / label / RESULT).exists() for label in asked), len(asked), "runs")
     if (out / "report.md").exists():
         print((out / "report.md").read_text())
     elif single:
@@ -113,8 +112,6 @@ def pretrain_command(args: argparse.Namespace) -> None:
                       + ["posattn eval-lm and generation"] * ("clm" in objectives))
     print(f"checkpoints, metrics and plots in {out}/ (model for {use}: "
           f"{out}/model" + ("" if single else f" or {out}/<run>/model") + ")")
-    if note is not None:
-        print(note)
 
 
 def eval_command(args: argparse.Namespace) -> None:

@@ -1,30 +1,46 @@
 """Run every run of a pretraining recipe in turn and summarise them (report.md, results.json, PNG).
 
-Each run lives in ``<out>/<label>/`` and resumes or is skipped like a single ``posattn pretrain``.
+Each run lives in ``<out>/<label>/`` and resumes or is skipped like a single ``posattn pretrain``;
+the runs are the cells of :func:`posattn.experiments.sweep.run`.
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
-from tqdm.auto import tqdm
-
 from ..errors import PositionError
-from ..experiments.executors import Executor, LocalExecutor, NotStarted
+from ..experiments import sweep as sweep_runner
+from ..experiments.executors import Executor, LocalExecutor
 from .config import PretrainConfig
 from .report import finished_run, write_summary
-from .run import RESULT, World, pretrain, resolve_corpus
+from .run import World, pretrain, resolve_corpus
 
 
-def _run_job(job: tuple[PretrainConfig, Path, str, bool], in_worker: bool) -> dict[str, Any]:
-    cfg, out, device, progress = job
-    return pretrain(cfg, out, device=device, progress=progress and not in_worker)
+def _run_job(job: tuple[str, PretrainConfig, Path, str, bool], in_worker: bool) -> dict[str, Any]:
+    label, cfg, out, device, progress = job
+    pretrain(cfg, out, device=device, progress=progress and not in_worker)
+    return finished_run(out, label)
 
 
-def _read_run(job: tuple[PretrainConfig, Path, str, bool]) -> dict[str, Any] | None:
-    path = job[1] / RESULT
-    return json.loads(path.read_text()) if path.exists() else None
+def _read_run(job: tuple[str, PretrainConfig, Path, str, bool]) -> dict[str, Any] | None:
+    label, _, out, _, _ = job
+    return finished_run(out, label)
+
+
+def recipe(name: str, runs: list[tuple[str, PretrainConfig]], out: Path, device: str = "auto",
+           progress: bool = True) -> sweep_runner.Recipe:
+    """The recipe for :func:`posattn.experiments.sweep.run`: a cell is a run, its id its label. A
+    finished run goes to :func:`~posattn.pretrain.run.pretrain` too, which checks that its config
+    is unchanged and that its model is intact before reading its result back."""
+    cells = [sweep_runner.Cell(label, f"run {label}", (label, cfg, out / label, device, progress))
+             for label, cfg in runs]
+
+    def summary(results: list[dict[str, Any]], total: int, out: Path) -> None:
+        if results:
+            write_summary(name, results, out, total)
+
+    return sweep_runner.Recipe(f"recipe {name!r}", cells, _run_job, _read_run, summary, unit="runs",
+                               skip_finished=False)
 
 
 def run_recipe(name: str, runs: list[tuple[str, PretrainConfig]], out: str | Path, *, device: str = "auto",
@@ -49,14 +65,9 @@ def run_recipe(name: str, runs: list[tuple[str, PretrainConfig]], out: str | Pat
                             f"its runs: {', '.join(label for label, _ in runs)}")
     if single:
         return [pretrain(runs[0][1], out, device=device, progress=progress)]
-    runs_now = [(label, cfg) for label, cfg in runs if only is None or label in only]
     executor = executor or LocalExecutor()
-    jobs = [(cfg, out / label, device, progress) for label, cfg in runs_now]
-    if not executor.in_process and any(cfg.corpus == "default" for _, cfg in runs_now):
+    if not executor.in_process and any(cfg.corpus == "default" for label, cfg in runs if only is None or label in only):
         resolve_corpus("default", World())  # once, here: workers building it at once replaced each other's
-    done = list(tqdm(executor.map(_run_job, jobs, [f"run {label}" for label, _ in runs_now], read=_read_run),
-                     total=len(jobs), desc=f"recipe {name}", disable=not progress or executor.in_process))
-    finished = [r for label, _ in runs if (r := finished_run(out / label, label)) is not None]
-    if finished:
-        write_summary(name, finished, out, len(runs))
-    return [{"label": label, **r} for (label, _), r in zip(runs_now, done) if not isinstance(r, NotStarted)]
+    records = sweep_runner.run(recipe(name, runs, out, device, progress), out, executor, progress=progress,
+                               only=only)
+    return [{k: v for k, v in r.items() if k != "history"} for r in records if only is None or r["label"] in only]

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import yaml
 
-from posattn.experiments.executors import add_executor_options, budget_note, executor_from
+from posattn.experiments.executors import add_executor_options, executor_from
 from posattn.options import add_device_option, add_threads_option
 from posattn.synthetic.compare import builtin_configs, load_config, run_sweep, schema_text, validate_config
 
@@ -60,10 +60,7 @@ def run(args: argparse.Namespace) -> None:
     sweep = validate_config(raw)
     out = args.out or f"runs/compare-{sweep.name}"
     executor = executor_from(args, args.threads, raw.get("executor"), out)
-    results = run_sweep(sweep, out, executor, device=args.device, progress=not args.no_progress,
-                        report_only=args.report)
+    run_sweep(sweep, out, executor, device=args.device, progress=not args.no_progress, report_only=args.report)
     print((Path(out) / "report.md").read_text())
     print(f"results, report and plots in {out}/")
-    if not args.report and (note := budget_note(len(results), len(sweep.cells))):
-        print(note)
 

@@ -11,25 +11,24 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, replace
+from functools import partial
 from itertools import product
 from pathlib import Path
 from typing import Any
 
 import torch
-import yaml
-from tqdm.auto import tqdm
 
 from posattn.claims import parse_claims
 from posattn.errors import PositionError
 from posattn.experiments import config as config_loader
-from posattn.experiments.config import ConfigError
-from posattn.experiments.executors import Executor, LocalExecutor, NotStarted
+from posattn.experiments import sweep as sweep_runner
+from posattn.experiments.executors import Executor
 from posattn.experiments.store import content_id
 from posattn.models import build_model, load, save
 from posattn.runtime.files import write_json_atomic
 from posattn.runtime.lock import run_lock
 from posattn.synthetic.generators import drop_overlap, generate
-from posattn.synthetic.report import select_lr, write_plots, write_report
+from posattn.synthetic.report import write_summary
 from posattn.synthetic.schema import MODEL_KEYS, CompareConfig
 from posattn.synthetic.train import CHECKPOINT, TrainConfig, evaluate, resolve_device, train
 
@@ -224,32 +223,24 @@ def finished_cell(cell: Cell, lengths: list[int], out: Path) -> dict | None:
     return None if missing_lengths(result, lengths) else result
 
 
+def recipe(sweep: Sweep, out: Path, device: str = "auto", progress: bool = True) -> sweep_runner.Recipe:
+    """The sweep for :func:`posattn.experiments.sweep.run`: a cell is a trained model in ``out/cells/<id>``."""
+    cells = [sweep_runner.Cell(cell.id, f"cell {cell.id} ({cell.label})",
+                               (cell, sweep.test_lengths[cell.train_length], str(out), device, progress))
+             for cell in sweep.cells]
+    return sweep_runner.Recipe(f"sweep {sweep.name!r}", cells, _cell_job, _read_cell,
+                               partial(write_summary, sweep.name, sweep.config), config=sweep.config)
+
+
 def run_sweep(sweep: Sweep, out: str | Path, executor: Executor | None = None, device: str = "auto",
               progress: bool = True, report_only: bool = False) -> list[dict]:
     """Run every cell not yet finished, then write results.json, report.md and the plots into ``out``;
-    return the finished cells' results.
+    return the finished cells' results (:func:`posattn.experiments.sweep.run`).
 
     ``executor``: where the cells run (default: one after another in this process); cells its time
     budget keeps from starting are left for the next invocation and the report says it is partial.
     ``report_only``: train nothing, report the cells finished so far (a partial report says so);
     ConfigError if there are none.
     """
-    out = Path(out)
-    if report_only:
-        results = [r for cell in sweep.cells if (r := finished_cell(cell, sweep.test_lengths[cell.train_length], out))]
-        if not results:
-            raise ConfigError(f"{out}: no finished cells of sweep {sweep.name!r} to report yet")
-    else:
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "config.yaml").write_text(yaml.safe_dump(sweep.config, sort_keys=False))
-        jobs = [(cell, sweep.test_lengths[cell.train_length], str(out), device, progress) for cell in sweep.cells]
-        labels = [f"cell {cell.id} ({cell.label})" for cell in sweep.cells]
-        outcomes = (executor or LocalExecutor()).map(_cell_job, jobs, labels, read=_read_cell)
-        results = [r for r in tqdm(outcomes, total=len(jobs), desc="cells", disable=not progress, dynamic_ncols=True)
-                   if not isinstance(r, NotStarted)]
-    select_lr(results)
-    write_json_atomic(out / "results.json", {"name": sweep.name, "config": sweep.config,
-                                             "cells_total": len(sweep.cells), "cells": results})
-    write_report(sweep.config, results, out, len(sweep.cells))
-    write_plots(sweep.config, results, out)
-    return results
+    return sweep_runner.run(recipe(sweep, Path(out), device, progress), out, executor, progress=progress,
+                            report_only=report_only)

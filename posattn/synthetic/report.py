@@ -15,7 +15,7 @@ import matplotlib
 
 from posattn.claims import SIGMAS, combine, judge, parse_claims, report_row
 from posattn.markdown import table as md_table
-from posattn.runtime.files import write_text_atomic
+from posattn.runtime.files import write_json_atomic, write_text_atomic
 
 
 def test_lengths(config: dict[str, Any]) -> dict[int, list[int]]:
@@ -160,6 +160,21 @@ def report_text(config: dict[str, Any], results: list[dict], cells_total: int) -
     if reasons:
         lines += ["## Not applicable", ""] + [f"- {k}: {v}" for k, v in sorted(reasons.items())] + [""]
     return "\n".join(lines)
+
+
+def summarise(name: str, config: dict[str, Any], results: list[dict], cells_total: int | None) -> dict[str, Any]:
+    """The sweep's ``results.json``: its name and config, how many cells it has in all, and the
+    finished cells' records."""
+    return {"name": name, "config": config, "cells_total": cells_total, "cells": results}
+
+
+def write_summary(name: str, config: dict[str, Any], results: list[dict], cells_total: int, out: Path) -> None:
+    """``results.json``, ``report.md`` and the plots of the finished cells' ``results`` (marked with
+    :func:`select_lr` in place) into ``out``."""
+    select_lr(results)
+    write_json_atomic(out / "results.json", summarise(name, config, results, cells_total))
+    write_report(config, results, out, cells_total)
+    write_plots(config, results, out)
 
 
 def write_report(config: dict[str, Any], results: list[dict], out: Path, cells_total: int) -> Path:

@@ -20,13 +20,6 @@ from posattn.mechanisms import names
 
 PACKAGE = Path(__file__).resolve().parents[2] / "posattn"
 
-# Cycles that live in modules being restructured elsewhere in issue 25 (the synthetic tasks and
-# fine-tuning move into their own packages around one sweep runner); each is the pair's report
-# importing the sweep's types while the sweep imports the report's writer.
-ALLOWED_CYCLES = {
-    frozenset({"posattn.synthetic.compare", "posattn.synthetic.report"}),
-    frozenset({"posattn.finetune.report", "posattn.finetune.suite"}),
-}
 # (module, literal) pairs that compare a string equal to a mechanism name but mean something else.
 ALLOWED_NAME_LITERALS = {
     ("posattn.analysis.hf", "absolute"),  # Hugging Face's position_embedding_type value "absolute"
@@ -113,7 +106,7 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 def test_the_import_graph_has_no_cycle() -> None:
     graph = import_graph()
     assert graph["posattn.attention.fast"] >= {"posattn.attention.flex", "posattn.attention.fold"}
-    found = [c for c in cycles(graph) if frozenset(c) not in ALLOWED_CYCLES]
+    found = cycles(graph)
     assert not found, "import cycles: " + "; ".join(
         " ↔ ".join(f"{m} (imports {', '.join(sorted(graph[m] & set(c)))})" for m in c) for c in found)
 
