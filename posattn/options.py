@@ -83,16 +83,21 @@ def add_json_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help=JSON_HELP)
 
 
-def add_training_options(parser: argparse.ArgumentParser) -> None:
-    """``--compile [MODE]`` and ``--log-to DEST``: how a training command trains and logs, never what
-    it computes (neither is part of a run's identity, so both may change when a run resumes)."""
+def add_compile_option(parser: argparse.ArgumentParser) -> None:
+    """``--compile [MODE]``: how a training command computes its steps, never what (not part of a
+    run's identity, so it may change when a run resumes)."""
     from posattn.runtime.compile import COMPILE_MODES
-    from posattn.runtime.metrics import MIRRORS
 
     parser.add_argument("--compile", nargs="?", const="default", choices=COMPILE_MODES, metavar="MODE",
                         help="run each training step's forward and backward through torch.compile (MODE: "
                              f"{', '.join(COMPILE_MODES)}; default 'default'; 'reduce-overhead' adds CUDA graphs; "
                              "'dynamo' captures graphs without code generation); evaluation stays eager")
+
+
+def add_log_to_option(parser: argparse.ArgumentParser) -> None:
+    """``--log-to DEST``: mirrors of a run's metrics.jsonl (:mod:`posattn.runtime.metrics`)."""
+    from posattn.runtime.metrics import MIRRORS
+
     parser.add_argument("--log-to", nargs="+", default=[], choices=MIRRORS, metavar="DEST",
                         help=f"also send every metrics row to DEST ({', '.join(MIRRORS)}: scalars in "
                              "<run folder>/tensorboard; needs pip install 'posattn[tensorboard]'); "

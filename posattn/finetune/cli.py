@@ -71,7 +71,8 @@ def run(args: argparse.Namespace) -> None:
     suite = validate_config(raw)
     out = args.out or f"runs/finetune-{suite.name}"
     executor = executor_from(args, args.threads, raw.get("executor"), out)
-    run_suite(suite, out, executor, device=args.device, progress=not args.no_progress, report_only=args.report)
+    run_suite(suite, out, executor, device=args.device, progress=not args.no_progress, report_only=args.report,
+              compile=args.compile)
     print((Path(out) / "report.md").read_text())
     print(f"results, report and plots in {out}/")
 

@@ -272,17 +272,18 @@ def finished_cell(cell: Cell, store: Path) -> dict | None:
     return {**json.loads(path.read_text()), "label": cell.label, "checkpoint": cell.checkpoint}
 
 
-def run_cell(cell: Cell, store: Path, device: str = "auto", progress: bool = True, keep_model: bool = False) -> dict:
+def run_cell(cell: Cell, store: Path, device: str = "auto", progress: bool = True, keep_model: bool = False,
+             compile: str | None = None) -> dict:
     """Fine-tune (or resume) one cell in ``store/<id>`` and score it; a finished cell's result is read
     back, never re-run.
 
     ``keep_model``: also save the fine-tuned model (an intermediate task's model starts other cells).
     The cell's folder is locked meanwhile (:func:`~posattn.runtime.lock.run_lock`)."""
     with run_lock(store / cell.id):
-        return _run_cell(cell, store, device, progress, keep_model)
+        return _run_cell(cell, store, device, progress, keep_model, compile)
 
 
-def _run_cell(cell: Cell, store: Path, device: str, progress: bool, keep_model: bool) -> dict:
+def _run_cell(cell: Cell, store: Path, device: str, progress: bool, keep_model: bool, compile: str | None) -> dict:
     """:func:`run_cell` with the cell's folder locked."""
     folder = store / cell.id
     result_path, model_dir = folder / "result.json", folder / MODEL_DIR
@@ -304,7 +305,7 @@ def _run_cell(cell: Cell, store: Path, device: str, progress: bool, keep_model: 
                               "truncated": {k: v.truncated for k, v in sets.items()}}
     try:
         outcome = finetune(model, task, sets["train"], sets["valid"], cfg, checkpoint_dir=folder, device=device,
-                           progress=progress, description=f"{cell.label} {cell.task} seed {cell.seed}")
+                           progress=progress, compile=compile, description=f"{cell.label} {cell.task} seed {cell.seed}")
     except FloatingPointError as e:
         result.update(diverged=str(e), scores=None)
     else:

@@ -92,22 +92,23 @@ def validate_config(raw: dict[str, Any]) -> Suite:
                                           for c in spec.checkpoints], cells, frozenset(keep), spec.cell_store)
 
 
-def _cell_job(job: tuple[Cell, str, str, bool, bool], in_worker: bool) -> dict:
-    cell, store, device, keep, progress = job
-    return run_cell(cell, Path(store), device, progress and not in_worker, keep_model=keep)
+def _cell_job(job: tuple[Cell, str, str, bool, bool, str | None], in_worker: bool) -> dict:
+    cell, store, device, keep, progress, compile = job
+    return run_cell(cell, Path(store), device, progress and not in_worker, keep_model=keep, compile=compile)
 
 
-def _read_cell(job: tuple[Cell, str, str, bool, bool]) -> dict | None:
+def _read_cell(job: tuple[Cell, str, str, bool, bool, str | None]) -> dict | None:
     return finished_cell(job[0], Path(job[1]))
 
 
-def recipe(suite: Suite, out: Path, device: str = "auto", progress: bool = True) -> sweep_runner.Recipe:
+def recipe(suite: Suite, out: Path, device: str = "auto", progress: bool = True,
+           compile: str | None = None) -> sweep_runner.Recipe:
     """The suite for :func:`posattn.experiments.sweep.run`: the cells of intermediate tasks are wave 0,
     the cells they initialise wave 1. Finished cells go to :func:`~posattn.finetune.run.run_cell` too,
     which reads them back unless a model they keep for the next wave is missing."""
     store = Path(suite.cell_store) if suite.cell_store else out / "cells"
     cells = [sweep_runner.Cell(c.id, f"cell {c.id} ({c.label}, {c.task}, seed {c.seed})",
-                               (c, str(store), device, c.id in suite.keep, progress),
+                               (c, str(store), device, c.id in suite.keep, progress, compile),
                                wave=int(c.init_from is not None)) for c in suite.cells]
     start = time.perf_counter()
 
@@ -123,16 +124,17 @@ def recipe(suite: Suite, out: Path, device: str = "auto", progress: bool = True)
 
 
 def run_suite(suite: Suite, out: str | Path, executor: Executor | None = None, device: str = "auto",
-              progress: bool = True, report_only: bool = False) -> list[dict]:
+              progress: bool = True, report_only: bool = False, compile: str | None = None) -> list[dict]:
     """Run every unfinished cell (intermediate sources first), then write results.json, report.md and plots;
     return the finished cells' results (:func:`posattn.experiments.sweep.run`).
 
     ``executor``: where the cells run (default: one after another in this process); cells its time
     budget keeps from starting are left for the next invocation and the report says it is partial.
     ``report_only``: train nothing, report the cells finished so far (a partial report says so);
-    ConfigError if there are none."""
+    ConfigError if there are none. ``compile``: a :mod:`posattn.runtime.compile` mode for the
+    training steps."""
     out = Path(out)
-    plan = recipe(suite, out, device, progress)      # its wall time starts now
+    plan = recipe(suite, out, device, progress, compile)      # its wall time starts now
     if not report_only:
         for key in {(c.task, c.glue_dir, c.max_train, c.max_eval) for c in suite.cells}:
             task_data(*key)                     # a bad task file fails here, before anything is written

@@ -10,7 +10,9 @@ import yaml
 
 from ..experiments.executors import add_executor_options, executor_from
 from ..options import (
+    add_compile_option,
     add_device_option,
+    add_log_to_option,
     add_threads_option,
     natural_int,
     positive_float,
@@ -92,7 +94,8 @@ def pretrain_command(args: argparse.Namespace) -> None:
     folders = {label: out if single else out / label for label in asked}
     finished_before = [label for label, folder in folders.items() if (folder / RESULT).exists()]
     try:
-        results = run_recipe(name, runs, out, device=args.device, progress=not args.no_progress,
+        results = run_recipe(name, runs, out, device=args.device, progress=not args.no_progress, compile=args.compile,
+                             log_to=tuple(args.log_to),
                              executor=executor, only=args.runs)
     finally:
         leave_process_group()
@@ -169,6 +172,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--precision", choices=["auto", "fp32", "bf16", "fp16"],
                    help="auto (bf16 on a GPU that has it, else fp32), fp32, bf16 or fp16 (CUDA only)")
     add_device_option(p)
+    add_compile_option(p)
+    add_log_to_option(p)
     p.add_argument("--runs", nargs="+", metavar="LABEL",
                    help="train only these runs of a recipe (their labels); the recipe's report.md covers "
                         "every finished run, so a recipe can be trained in parts")
@@ -181,6 +186,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "OUT/checkpoint.pt": "everything needed to resume: model, optimizer, step, RNG state",
         "OUT/model/": "the latest weights as a posattn checkpoint with tokenizer.json (for finetune)",
         "OUT/metrics.jsonl": "one line per log interval and evaluation",
+        "OUT/tensorboard/": "with --log-to tensorboard: the same rows as TensorBoard scalars",
         "OUT/loss.png": "training and held-out loss curves",
         "OUT/result.json": "final held-out metrics, speed and time, once the run is finished",
         "OUT/results.json, OUT/report.md, OUT/valid_loss.png": "a recipe's summary of its runs"})

@@ -16,23 +16,25 @@ from .report import finished_run, write_summary
 from .run import World, pretrain, resolve_corpus
 
 
-def _run_job(job: tuple[str, PretrainConfig, Path, str, bool], in_worker: bool) -> dict[str, Any]:
-    label, cfg, out, device, progress = job
-    pretrain(cfg, out, device=device, progress=progress and not in_worker)
+def _run_job(job: tuple[str, PretrainConfig, Path, str, bool, str | None, tuple[str, ...]],
+             in_worker: bool) -> dict[str, Any]:
+    label, cfg, out, device, progress, compile, log_to = job
+    pretrain(cfg, out, device=device, progress=progress and not in_worker, compile=compile, log_to=log_to)
     return finished_run(out, label)
 
 
-def _read_run(job: tuple[str, PretrainConfig, Path, str, bool]) -> dict[str, Any] | None:
-    label, _, out, _, _ = job
+def _read_run(job: tuple[str, PretrainConfig, Path, str, bool, str | None, tuple[str, ...]]) -> dict[str, Any] | None:
+    label, _, out = job[:3]
     return finished_run(out, label)
 
 
 def recipe(name: str, runs: list[tuple[str, PretrainConfig]], out: Path, device: str = "auto",
-           progress: bool = True) -> sweep_runner.Recipe:
+           progress: bool = True, compile: str | None = None, log_to: tuple[str, ...] = ()) -> sweep_runner.Recipe:
     """The recipe for :func:`posattn.experiments.sweep.run`: a cell is a run, its id its label. A
     finished run goes to :func:`~posattn.pretrain.run.pretrain` too, which checks that its config
     is unchanged and that its model is intact before reading its result back."""
-    cells = [sweep_runner.Cell(label, f"run {label}", (label, cfg, out / label, device, progress))
+    cells = [sweep_runner.Cell(label, f"run {label}",
+                               (label, cfg, out / label, device, progress, compile, tuple(log_to)))
              for label, cfg in runs]
 
     def summary(results: list[dict[str, Any]], total: int, out: Path) -> None:
@@ -45,7 +47,8 @@ def recipe(name: str, runs: list[tuple[str, PretrainConfig]], out: Path, device:
 
 def run_recipe(name: str, runs: list[tuple[str, PretrainConfig]], out: str | Path, *, device: str = "auto",
                progress: bool = True, executor: Executor | None = None,
-               only: list[str] | None = None) -> list[dict[str, Any]]:
+               only: list[str] | None = None, compile: str | None = None,
+               log_to: tuple[str, ...] = ()) -> list[dict[str, Any]]:
     """Train every ``(label, config)`` into ``out/label`` (with ``only``, just those labels); write
     the recipe's summary of every finished run into ``out``; return the results of the runs trained
     (or found finished).
@@ -55,7 +58,7 @@ def run_recipe(name: str, runs: list[tuple[str, PretrainConfig]], out: str | Pat
     once in separate processes (useful on a GPU, where one small model leaves most of the device
     idle); runs its time budget keeps from starting are left for the next invocation. ``only``
     splits a recipe over time or machines: each trains some runs, and the summary grows as
-    they finish."""
+    they finish. ``compile`` and ``log_to``: as :func:`~posattn.pretrain.run.pretrain`'s."""
     out, single = Path(out), len(runs) == 1 and runs[0][0] == name
     unknown = sorted(set(only or ()) - {label for label, _ in runs})
     if only is not None and single:
@@ -64,10 +67,10 @@ def run_recipe(name: str, runs: list[tuple[str, PretrainConfig]], out: str | Pat
         raise PositionError(f"--runs: no run labelled {', '.join(unknown)} in recipe {name!r}; "
                             f"its runs: {', '.join(label for label, _ in runs)}")
     if single:
-        return [pretrain(runs[0][1], out, device=device, progress=progress)]
+        return [pretrain(runs[0][1], out, device=device, progress=progress, compile=compile, log_to=tuple(log_to))]
     executor = executor or LocalExecutor()
     if not executor.in_process and any(cfg.corpus == "default" for label, cfg in runs if only is None or label in only):
         resolve_corpus("default", World())  # once, here: workers building it at once replaced each other's
-    records = sweep_runner.run(recipe(name, runs, out, device, progress), out, executor, progress=progress,
-                               only=only)
+    records = sweep_runner.run(recipe(name, runs, out, device, progress, compile, log_to), out, executor,
+                               progress=progress, only=only)
     return [{k: v for k, v in r.items() if k != "history"} for r in records if only is None or r["label"] in only]

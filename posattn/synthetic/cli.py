@@ -8,7 +8,7 @@ from pathlib import Path
 import yaml
 
 from posattn.experiments.executors import add_executor_options, executor_from
-from posattn.options import add_device_option, add_threads_option
+from posattn.options import add_compile_option, add_device_option, add_threads_option
 from posattn.synthetic.compare import builtin_configs, load_config, run_sweep, schema_text, validate_config
 
 DESCRIPTION = """\
@@ -39,11 +39,12 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 def add_sweep_options(parser: argparse.ArgumentParser, command: str) -> None:
     """The options every sweep command shares: --out, the executor's (--workers, --time-limit), --threads,
-    --device, --no-progress, --dump-config, --report."""
+    --device, --compile, --no-progress, --dump-config, --report."""
     parser.add_argument("--out", default=None, help=f"output folder (default: runs/{command}-<name>)")
     add_executor_options(parser)
     add_threads_option(parser)
     add_device_option(parser)
+    add_compile_option(parser)
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     parser.add_argument("--dump-config", action="store_true", help="print the config's YAML and exit")
     parser.add_argument("--report", action="store_true",
@@ -60,7 +61,8 @@ def run(args: argparse.Namespace) -> None:
     sweep = validate_config(raw)
     out = args.out or f"runs/compare-{sweep.name}"
     executor = executor_from(args, args.threads, raw.get("executor"), out)
-    run_sweep(sweep, out, executor, device=args.device, progress=not args.no_progress, report_only=args.report)
+    run_sweep(sweep, out, executor, device=args.device, progress=not args.no_progress, report_only=args.report,
+              compile=args.compile)
     print((Path(out) / "report.md").read_text())
     print(f"results, report and plots in {out}/")
 

@@ -144,14 +144,17 @@ def missing_lengths(result: dict | None, lengths: list[int]) -> list[int]:
     return [n for n in lengths if result is None or str(n) not in result["accuracy"]]
 
 
-def run_cell(cell: Cell, test_lengths: list[int], out: Path, device: str = "auto", progress: bool = True) -> dict:
+def run_cell(cell: Cell, test_lengths: list[int], out: Path, device: str = "auto", progress: bool = True,
+             compile: str | None = None) -> dict:
     """Train (or resume) one cell, evaluate the test lengths it lacks, and return its result record.
+    ``compile``: a :mod:`posattn.runtime.compile` mode for the training steps (not part of the cell).
     The cell's folder is locked meanwhile (:func:`~posattn.runtime.lock.run_lock`)."""
     with run_lock(_cell_folder(cell, out)):
-        return _run_cell(cell, test_lengths, out, device, progress)
+        return _run_cell(cell, test_lengths, out, device, progress, compile)
 
 
-def _run_cell(cell: Cell, test_lengths: list[int], out: Path, device: str, progress: bool) -> dict:
+def _run_cell(cell: Cell, test_lengths: list[int], out: Path, device: str, progress: bool,
+              compile: str | None) -> dict:
     """:func:`run_cell` with the cell's folder locked."""
     folder = _cell_folder(cell, out)
     result_path, model_dir = folder / "result.json", folder / "model"
@@ -168,7 +171,7 @@ def _run_cell(cell: Cell, test_lengths: list[int], out: Path, device: str, progr
         try:
             outcome = train(model, train_data, tcfg,
                             valid=cell.data("valid", cell.train_length, cell.examples["valid"]),
-                            checkpoint_dir=folder, device=device, progress=progress,
+                            checkpoint_dir=folder, device=device, progress=progress, compile=compile,
                             description=f"{cell.label} d={cell.d_model} L={cell.train_length} lr={tcfg.lr:g}")
         except FloatingPointError as e:
             outcome, diverged = None, str(e)
@@ -207,13 +210,13 @@ def _run_cell(cell: Cell, test_lengths: list[int], out: Path, device: str, progr
     return result
 
 
-def _cell_job(job: tuple[Cell, list[int], str, str, bool], in_worker: bool) -> dict:
-    cell, lengths, out, device, progress = job
-    return run_cell(cell, lengths, Path(out), device, progress and not in_worker)
+def _cell_job(job: tuple[Cell, list[int], str, str, bool, str | None], in_worker: bool) -> dict:
+    cell, lengths, out, device, progress, compile = job
+    return run_cell(cell, lengths, Path(out), device, progress and not in_worker, compile)
 
 
-def _read_cell(job: tuple[Cell, list[int], str, str, bool]) -> dict | None:
-    cell, lengths, out, _, _ = job
+def _read_cell(job: tuple[Cell, list[int], str, str, bool, str | None]) -> dict | None:
+    cell, lengths, out = job[:3]
     return finished_cell(cell, lengths, Path(out))
 
 
@@ -223,24 +226,26 @@ def finished_cell(cell: Cell, lengths: list[int], out: Path) -> dict | None:
     return None if missing_lengths(result, lengths) else result
 
 
-def recipe(sweep: Sweep, out: Path, device: str = "auto", progress: bool = True) -> sweep_runner.Recipe:
+def recipe(sweep: Sweep, out: Path, device: str = "auto", progress: bool = True,
+           compile: str | None = None) -> sweep_runner.Recipe:
     """The sweep for :func:`posattn.experiments.sweep.run`: a cell is a trained model in ``out/cells/<id>``."""
     cells = [sweep_runner.Cell(cell.id, f"cell {cell.id} ({cell.label})",
-                               (cell, sweep.test_lengths[cell.train_length], str(out), device, progress))
+                               (cell, sweep.test_lengths[cell.train_length], str(out), device, progress, compile))
              for cell in sweep.cells]
     return sweep_runner.Recipe(f"sweep {sweep.name!r}", cells, _cell_job, _read_cell,
                                partial(write_summary, sweep.name, sweep.config), config=sweep.config)
 
 
 def run_sweep(sweep: Sweep, out: str | Path, executor: Executor | None = None, device: str = "auto",
-              progress: bool = True, report_only: bool = False) -> list[dict]:
+              progress: bool = True, report_only: bool = False, compile: str | None = None) -> list[dict]:
     """Run every cell not yet finished, then write results.json, report.md and the plots into ``out``;
     return the finished cells' results (:func:`posattn.experiments.sweep.run`).
 
     ``executor``: where the cells run (default: one after another in this process); cells its time
     budget keeps from starting are left for the next invocation and the report says it is partial.
     ``report_only``: train nothing, report the cells finished so far (a partial report says so);
-    ConfigError if there are none.
+    ConfigError if there are none. ``compile``: a :mod:`posattn.runtime.compile` mode for the
+    training steps (the cells' results do not depend on it beyond floating-point rounding).
     """
-    return sweep_runner.run(recipe(sweep, Path(out), device, progress), out, executor, progress=progress,
+    return sweep_runner.run(recipe(sweep, Path(out), device, progress, compile), out, executor, progress=progress,
                             report_only=report_only)

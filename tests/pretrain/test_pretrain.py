@@ -281,3 +281,24 @@ def test_compiled_training_matches_eager(corpus, tmp_path):
         torch.testing.assert_close(b[key], a[key], rtol=1e-4, atol=1e-6, msg=key)
     with pytest.raises(PositionError, match="--compile: mode 'fastest' is not one of"):
         pretrain(cfg, tmp_path / "bad", progress=False, compile="fastest")
+
+
+def test_cli_compile_and_log_to_reach_the_run(corpus, tmp_path):
+    """``posattn pretrain --compile dynamo --log-to tensorboard``: the run trains through the compiled
+    step (the same loss as eager) and mirrors its metrics rows as TensorBoard scalars."""
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from posattn.cli import main
+
+    cfg = tiny(corpus, objective="clm", mechanisms=["alibi"], dropout=0.0)
+    (tmp_path / "cfg.yaml").write_text(__import__("yaml").safe_dump(cfg))
+    eager = pretrain(parse(cfg), tmp_path / "eager", progress=False)
+    assert main(["pretrain", str(tmp_path / "cfg.yaml"), "--out", str(tmp_path / "run"), "--compile", "dynamo",
+                 "--log-to", "tensorboard", "--no-progress", "--device", "cpu"]) in (0, None)
+    result = json.loads((tmp_path / "run" / "result.json").read_text())
+    assert result["valid_loss"] == pytest.approx(eager["valid_loss"], rel=1e-5)
+    events = EventAccumulator(str(tmp_path / "run" / "tensorboard"))
+    events.Reload()
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [e.step for e in events.Scalars("valid_loss")] == [r["step"] for r in rows if "valid_loss" in r]

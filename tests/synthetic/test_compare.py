@@ -203,3 +203,20 @@ def test_selective_copy_sweep_validates() -> None:
 def test_dump_config_prints_yaml(capsys: pytest.CaptureFixture) -> None:
     assert cli.main(["compare", "--dump-config"]) == 0
     assert yaml.safe_load(capsys.readouterr().out)["task"] == "mqar"
+
+
+def test_compile_option_reaches_every_cell(tmp_path: Path) -> None:
+    """``posattn compare --compile dynamo``: each cell trains through the compiled step and ends with
+    eager's history (the option is not part of a cell's id: the same cells, the same folders)."""
+    config = {**TINY, "d_model": 16, "training": {**TINY["training"], "lr": 3e-3}}
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(config))
+    eager = run_sweep(validate_config(dict(config)), tmp_path / "eager", progress=False)
+    assert cli.main(["compare", str(tmp_path / "c.yaml"), "--out", str(tmp_path / "fast"), "--compile", "dynamo",
+                 "--no-progress"]) in (0, None)
+    fast = json.loads((tmp_path / "fast" / "results.json").read_text())["cells"]
+    assert sorted(c["id"] for c in fast) == sorted(c["id"] for c in eager)
+    by_id = {c["id"]: c for c in eager}
+    for cell in fast:
+        want = by_id[cell["id"]]["history"]
+        assert [r["valid_accuracy"] for r in cell["history"]] == [r["valid_accuracy"] for r in want]
+        assert cell["history"][-1]["loss"] == pytest.approx(want[-1]["loss"], rel=1e-4)
