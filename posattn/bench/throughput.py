@@ -52,7 +52,7 @@ from ..runtime.compile import COMPILE_MODES
 RECIPE = "gpu_sweep_throughput"  # the results-store recipe of the records
 DEFAULT_RECIPE = "cat_fair_mqar"  # CAT Fig 2
 PICKS = ("smallest", "middle", "largest")  # --cells by shape (train length, then width)
-EAGER = "none"  # --compile's name for the eager step
+EAGER = "none"  # --compile-modes' name for the eager step
 BARRIER_S = 900.0  # the longest a worker waits for the others (their data, build and compilation)
 
 
@@ -274,8 +274,9 @@ def command_line(recipe: str, cells: list[str], wanted: list[Setting], steps: in
     """The ``posattn bench-throughput`` command that measures ``wanted`` (the records' provenance)."""
     workers = sorted({s.workers for s in wanted})
     modes = list(dict.fromkeys(s.compile or EAGER for s in wanted))
-    return (f"posattn bench-throughput {recipe} --cells {' '.join(cells)} --workers {' '.join(map(str, workers))} "
-            f"--compile {' '.join(modes)} --steps {steps} --warmup {warmup} --device {device} --threads {threads}")
+    return (f"posattn bench-throughput {recipe} --cells {' '.join(cells)} "
+            f"--worker-counts {' '.join(map(str, workers))} --compile-modes {' '.join(modes)} --steps {steps} "
+            f"--warmup {warmup} --device {device} --threads {threads}")
 
 
 def bench(recipe: str, picks: list[str], wanted: list[Setting], steps: int, warmup: int, device: str = "auto",
@@ -293,9 +294,9 @@ def bench(recipe: str, picks: list[str], wanted: list[Setting], steps: int, warm
     from ..synthetic.compare import load_config, validate_config
 
     for s in wanted:
-        check_mode(s.compile, "bench-throughput --compile")
+        check_mode(s.compile, "bench-throughput --compile-modes")
         if s.workers < 1:
-            raise PositionError(f"bench-throughput --workers: must be >= 1, got {s.workers}")
+            raise PositionError(f"bench-throughput --worker-counts: must be >= 1, got {s.workers}")
     if steps < 1 or warmup < 1:
         raise PositionError(f"bench-throughput: --steps and --warmup must be >= 1, got {steps} and {warmup}")
     sweep = validate_config(load_config(recipe))
@@ -351,7 +352,7 @@ def command(args: argparse.Namespace) -> None:
     """``posattn bench-throughput``: measure, store, print the table (or the rows as JSON)."""
     import json
 
-    wanted = settings(sorted(set(args.workers)), list(dict.fromkeys(args.compile)))
+    wanted = settings(sorted(set(args.worker_counts)), list(dict.fromkeys(args.compile_modes)))
     rows = bench(args.recipe, args.cells, wanted, args.steps, args.warmup, args.device, args.threads,
                  root=args.results, store_rows=not args.no_store,
                  log=lambda msg: print(f"[bench-throughput] {msg}", file=sys.stderr, flush=True))
@@ -374,9 +375,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help=f"a compare config: a built-in name or a YAML file (default {DEFAULT_RECIPE}, CAT Fig 2)")
     p.add_argument("--cells", nargs="+", default=["largest", "middle"], metavar="CELL",
                    help=f"cells to measure: {', '.join(PICKS)} (by shape) or cell ids (default largest middle)")
-    p.add_argument("--workers", nargs="+", type=positive_int, default=[1, 2, 4],
+    p.add_argument("--worker-counts", nargs="+", type=positive_int, default=[1, 2, 4],
                    help="processes training at once (default 1 2 4)")
-    p.add_argument("--compile", nargs="+", choices=[EAGER, *COMPILE_MODES], default=[EAGER, "default"],
+    p.add_argument("--compile-modes", nargs="+", choices=[EAGER, *COMPILE_MODES], default=[EAGER, "default"],
                    metavar="MODE", help=f"the step eager ({EAGER}) or compiled: {', '.join(COMPILE_MODES)} "
                                         f"(default {EAGER} default)")
     p.add_argument("--steps", type=positive_int, default=200, help="timed steps per worker (default 200)")

@@ -73,7 +73,7 @@ def test_tiny_run_stores_one_record_per_setting(config: str, tmp_path: Path) -> 
         assert set(key) == {"bench", "recipe", "cell", "workers", "mode", "steps", "warmup", "threads", "hardware"}
         assert rec["id"] == store.content_id(key) and key["hardware"] == hw and key["recipe"] == "tiny_mqar"
         assert rec["provenance"]["command"].startswith("posattn bench-throughput ") and rec["provenance"]["date"]
-        assert "--workers 1 2 --compile none dynamo" in rec["provenance"]["command"]
+        assert "--worker-counts 1 2 --compile-modes none dynamo" in rec["provenance"]["command"]
 
     _, text = report.build(RECIPE, root)
     assert "before (1 worker, eager)" in text and "compile dynamo" in text and "Provenance:" in text
@@ -84,7 +84,7 @@ def test_tiny_run_stores_one_record_per_setting(config: str, tmp_path: Path) -> 
 
 def test_bad_options_are_one_error(config: str, capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exit_:
-        main(["bench-throughput", config, "--compile", "fast"])
+        main(["bench-throughput", config, "--compile-modes", "fast"])
     assert exit_.value.code == 2 and "invalid choice: 'fast'" in capsys.readouterr().err
     assert main(["bench-throughput", config, "--cells", "huge", "--no-store"]) == 2
     err = capsys.readouterr().err.strip().splitlines()

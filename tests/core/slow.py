@@ -114,7 +114,7 @@ def position_bias(mech, name: str, h: int, i: int, j: int, q: Tensor, k: Tensor,
             delta = math.copysign(math.log(1 + abs(delta)), delta) if delta else 0.0
         return mlp_ref(mech.mlp, [delta])[h]
     if name == "forgetting":
-        return forget_bias(mech, x, bidx, h, i, j)
+        return 0.0 if causal and j > i else forget_bias(mech, x, bidx, h, i, j)  # masked in a decoder
     if name == "t5":
         bucket = t5_bucket_ref(r, mech.bidirectional, mech.num_buckets, mech.max_distance)
         return mech.bias.weight[bucket, h]
