@@ -116,4 +116,4 @@ def test_synthetic_recipe_runs_with_its_claims_judged(tmp_path):
     assert all(set(c["accuracy"]) == {"16", "32", "64", "128"} and c["accuracy"]["128"] is not None for c in cells)
     report = Path(tmp_path / "out" / "report.md").read_text()
     assert [next(p for p in PAPERS if f"({p}," in c["claim"]) for c in claims] == ["ALiBi", "CoPE"]
-    assert all(c["claim"] in report for c in claims)
+    assert "## The paper's claims" in report and all(c["claim"] in report for c in claims)
