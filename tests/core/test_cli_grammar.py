@@ -11,18 +11,9 @@ import pytest
 
 import posattn
 from posattn import cli, options
+from posattn.docs_gen import commands
 
 REST = re.compile(r"``|:(mod|func|class|data|meth|attr):`")
-
-
-def commands(parser: argparse.ArgumentParser, name: str = "posattn") -> list[tuple[str, argparse.ArgumentParser]]:
-    """Every parser below ``parser`` (itself included), by its full command name."""
-    found = [(name, parser)]
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            for sub, child in action.choices.items():
-                found += commands(child, f"{name} {sub}")
-    return found
 
 
 ALL = commands(cli.parser())

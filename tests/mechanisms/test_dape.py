@@ -14,6 +14,8 @@ from posattn.errors import PositionError
 from posattn.mechanisms import Dims, build
 from posattn.mechanisms.base import Context
 
+from .paths import assert_fast_equals_reference
+
 H, N, DH = 4, 10, 8
 
 
@@ -57,15 +59,8 @@ def test_dense_fast_path_equals_the_reference_in_outputs_and_gradients(bias: obj
     keep[1, :2] = False
     params = list(m.parameters())
 
-    def run(attend):
-        o = attend(q, k, v, m.score_terms(q, k, ctx(N, keep)), keep, True)
-        return o, torch.autograd.grad((o * torch.linspace(-1, 1, DH)).sum(), [q, k, v, *params])
-
-    want_o, want_g = run(reference.attend)
-    got_o, got_g = run(fast.attend)
-    torch.testing.assert_close(got_o, want_o, atol=1e-5, rtol=1e-5)
-    for a, b in zip(got_g, want_g):
-        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+    assert_fast_equals_reference(m, lambda: ctx(N, keep), q, k, v, keep, params,
+                                 lambda t: fast.attend(q, k, v, t, keep, True))
 
 
 @pytest.mark.parametrize("path", ["reference", "fast"])

@@ -8,12 +8,14 @@ import math
 import pytest
 import torch
 
-from posattn.attention import fast, reference
+from posattn.attention import fast
 from posattn.attention.dispatch import HANDLES
 from posattn.attention.terms import RowNormalised
 from posattn.errors import PositionError
 from posattn.mechanisms import Dims, build
 from posattn.mechanisms.base import Context
+
+from .paths import assert_fast_equals_reference
 
 H, N, DH = 3, 40, 8
 
@@ -89,18 +91,9 @@ def test_fast_paths_equal_the_reference_in_outputs_and_gradients(path: str, padd
     keep = keep if padded else None
     params = [p for p in m.parameters() if p.requires_grad]
 
-    def run(fn):
-        t = m.score_terms(q, k, ctx(N))
-        o = fn(t)
-        grads = torch.autograd.grad((o * torch.linspace(-1, 1, DH)).sum(), [q, k, v, *params])
-        return o, grads
-
     policy = fast.Policy(flash_chunk=16, grad_chunk=8)
-    want_o, want_g = run(lambda t: reference.attend(q, k, v, t, keep, True))
-    got_o, got_g = run(lambda t: fast.run(path, q, k, v, t, keep, True, policy=policy))
-    torch.testing.assert_close(got_o, want_o, atol=1e-5, rtol=1e-5)
-    for a, b in zip(got_g, want_g):
-        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+    assert_fast_equals_reference(m, lambda: ctx(N), q, k, v, keep, params,
+                                 lambda t: fast.run(path, q, k, v, t, keep, True, policy=policy), grad_tol=1e-4)
 
 
 def test_the_planner_builds_long_inputs_in_blocks_and_never_on_a_path_without_code() -> None:
