@@ -235,13 +235,12 @@ def _pretrain(cfg: PretrainConfig, out: Path, world: World, dev: torch.device, p
     plan = Plan(steps=cfg.steps, lr=lambda step: cfg.lr * cfg.lr_factor(step), eval_every=cfg.eval_every,
                 grad_clip=cfg.grad_clip, seed=cfg.seed * 7919 + world.rank, checkpoint_every=cfg.checkpoint_every,
                 log_every=cfg.log_every, loss_scaling=scaled, description=f"pretrain {cfg.name}")
-    resumed_at = load_checkpoint(path, ("loop",))["loop"]["step"] if path.exists() else 0
     state = run_loop(model, optimizer, plan, step_fn, lambda state: evaluate(model, valid_data, dev, amp), device=dev,
                      checkpoint=path, config={**cfg.to_dict(), "corpus_fingerprint": corpus.fingerprint},
                      ignore=SPEED_ONLY, world=world, log=log, progress=progress,
                      on_checkpoint=lambda: save_run_model(model, corpus, out / MODEL), on_step=on_step)
     log.close()
-    if world.main and state.step == resumed_at:  # resumed at its last step: model/ may be stale or damaged
+    if world.main and state.step == state.resumed_at:  # resumed at its last step: model/ may be stale or damaged
         save_run_model(model, corpus, out / MODEL)
     elapsed, tokens = state.train_seconds, state.counters.get("tokens", 0)
     result = {"name": cfg.name, "objective": cfg.objective, "mechanisms": cfg.mechanisms, "steps": state.step,

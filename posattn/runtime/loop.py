@@ -88,9 +88,10 @@ class LoopState:
     train_seconds: float = 0.0                   # time inside training steps only (no evaluation, no saving)
     counters: dict[str, float] = field(default_factory=dict)  # sums of what the steps report (e.g. tokens)
     earlier: tuple[float, float] = (0.0, 0.0)    # (wall, CPU) seconds of the parts this run resumed
+    resumed_at: int = 0                          # the step this call started from (0: a fresh run)
 
     def to_checkpoint(self) -> dict[str, Any]:
-        return {k: v for k, v in asdict(self).items() if k != "earlier"}
+        return {k: v for k, v in asdict(self).items() if k not in ("earlier", "resumed_at")}
 
 
 StepFn = Callable[[int, Callable[[torch.Tensor], None]], tuple[float, Mapping[str, float]]]
@@ -127,7 +128,7 @@ def run_loop(model: nn.Module, optimizer: torch.optim.Optimizer, plan: Plan, ste
         scaler.load_state_dict(saved["scaler"])
         world.set_rng(saved["rng"], device)
         state = LoopState(**saved["loop"])
-        state.earlier = (state.seconds, state.cpu_seconds)
+        state.earlier, state.resumed_at = (state.seconds, state.cpu_seconds), state.step
         if progress and world.main and not state.done:
             print(f"{plan.description}: resuming from step {state.step} of {plan.steps} ({path})", file=sys.stderr)
     else:
