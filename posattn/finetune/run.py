@@ -13,7 +13,6 @@ every evaluation, so a resumed run ends with the same weights as an uninterrupte
 """
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import math
@@ -212,10 +211,8 @@ def finetune(model: Encoder, task: Task, train: Encoded, valid: Encoded, cfg: Fi
     plan = Plan(steps=total, lr=lambda step: cfg.lr_at(step, total), eval_every=cfg.eval_every(len(train)),
                 grad_clip=cfg.grad_clip, seed=cfg.seed, keep_best="valid_score", patience=cfg.patience,
                 description=description)
-    with run_lock(checkpoint_dir) if checkpoint_dir is not None else contextlib.nullcontext():
-        state = run_loop(model, optimizer, plan, step_fn, evaluation, device=device, config=asdict(cfg),
-                         checkpoint=Path(checkpoint_dir) / CHECKPOINT if checkpoint_dir is not None else None,
-                         progress=progress)
+    state = run_loop(model, optimizer, plan, step_fn, evaluation, device=device, config=asdict(cfg),
+                     folder=checkpoint_dir, progress=progress)
     return {"steps": state.step, "total_steps": total, "stopped_early": state.step < total,
             "best_step": state.best_step, "valid_score": state.best_score, "history": state.history,
             "earlier_seconds": state.earlier}

@@ -197,7 +197,6 @@ def _pretrain(cfg: PretrainConfig, out: Path, world: World, dev: torch.device, p
 
     optimizer = adamw(model, cfg.lr, cfg.weight_decay, betas=tuple(cfg.betas), eps=cfg.eps)
     amp, scaled = autocast(cfg.precision, dev)
-    path = out / CHECKPOINT
     log = MetricsLog(out if world.main else None, log_to if world.main else ())
     if world.main:
         out.mkdir(parents=True, exist_ok=True)
@@ -236,7 +235,7 @@ def _pretrain(cfg: PretrainConfig, out: Path, world: World, dev: torch.device, p
                 grad_clip=cfg.grad_clip, seed=cfg.seed * 7919 + world.rank, checkpoint_every=cfg.checkpoint_every,
                 log_every=cfg.log_every, loss_scaling=scaled, description=f"pretrain {cfg.name}")
     state = run_loop(model, optimizer, plan, step_fn, lambda state: evaluate(model, valid_data, dev, amp), device=dev,
-                     checkpoint=path, config={**cfg.to_dict(), "corpus_fingerprint": corpus.fingerprint},
+                     folder=out, config={**cfg.to_dict(), "corpus_fingerprint": corpus.fingerprint},
                      ignore=SPEED_ONLY, world=world, log=log, progress=progress,
                      on_checkpoint=lambda: save_run_model(model, corpus, out / MODEL), on_step=on_step)
     log.close()

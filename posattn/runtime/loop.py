@@ -24,6 +24,7 @@ learning rate per step, cadences, stopping rules). The loop owns everything else
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import sys
 import time
@@ -38,7 +39,8 @@ from tqdm.auto import tqdm
 
 from posattn.errors import PositionError
 from posattn.heap import RELEASE_EVERY, release_freed_memory
-from posattn.runtime.checkpoint import check_config, load_checkpoint, save_checkpoint
+from posattn.runtime.checkpoint import CHECKPOINT, check_config, load_checkpoint, save_checkpoint
+from posattn.runtime.lock import run_lock
 from posattn.runtime.metrics import MetricsLog
 from posattn.runtime.world import World
 
@@ -99,11 +101,13 @@ EvalFn = Callable[[LoopState], dict[str, float]]
 
 
 def run_loop(model: nn.Module, optimizer: torch.optim.Optimizer, plan: Plan, step_fn: StepFn,
-             evaluate: EvalFn | None, *, device: torch.device, checkpoint: str | Path | None = None,
+             evaluate: EvalFn | None, *, device: torch.device, folder: str | Path | None = None,
              config: Mapping[str, Any] | None = None, ignore: tuple[str, ...] = (), world: World | None = None,
              log: MetricsLog | None = None, progress: bool = True, on_checkpoint: Callable[[], None] | None = None,
              on_step: Callable[[int], None] | None = None) -> LoopState:
-    """Train ``model`` by ``plan`` (resuming from ``checkpoint`` if that file exists) and return the state.
+    """Train ``model`` by ``plan`` and return the state. With a run ``folder``, its ``checkpoint.pt``
+    is resumed from if it exists and written by the plan's cadence, and rank 0 holds the folder's
+    lock meanwhile (:func:`~posattn.runtime.lock.run_lock`, re-entrant: a caller may hold it too).
 
     ``step_fn(step, backward)`` computes the loss of ``step``, calls ``backward(loss)`` (once, or once
     per micro-batch) and returns ``(loss, counts)``: the step's loss as a float (the same on every
@@ -112,11 +116,22 @@ def run_loop(model: nn.Module, optimizer: torch.optim.Optimizer, plan: Plan, ste
     settings the checkpoint must have been written with (``ignore``: keys free to change on
     resume). ``on_checkpoint``: called on rank 0 after each checkpoint (e.g. to export the model).
     ``on_step(step)``: called after every step (tests interrupt runs with it). With ``progress``, a
-    resumed run says on stderr from which step. The caller holds the run folder's lock
-    (:func:`~posattn.runtime.lock.run_lock`).
+    resumed run says on stderr from which step.
     """
-    path = Path(checkpoint) if checkpoint is not None else None
     world = world or World()
+    if folder is None:
+        return _run(model, optimizer, plan, step_fn, evaluate, device, None, config, ignore, world, log, progress,
+                    on_checkpoint, on_step)
+    with run_lock(folder) if world.main else contextlib.nullcontext():
+        return _run(model, optimizer, plan, step_fn, evaluate, device, Path(folder) / CHECKPOINT, config, ignore,
+                    world, log, progress, on_checkpoint, on_step)
+
+
+def _run(model: nn.Module, optimizer: torch.optim.Optimizer, plan: Plan, step_fn: StepFn, evaluate: EvalFn | None,
+         device: torch.device, path: Path | None, config: Mapping[str, Any] | None, ignore: tuple[str, ...],
+         world: World, log: MetricsLog | None, progress: bool, on_checkpoint: Callable[[], None] | None,
+         on_step: Callable[[int], None] | None) -> LoopState:
+    """:func:`run_loop` with its checkpoint ``path`` (None: no checkpoint), the folder locked."""
     config = dict(config or {})
     scaler = torch.amp.GradScaler(device.type, enabled=plan.loss_scaling)
     state = LoopState()

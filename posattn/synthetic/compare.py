@@ -25,12 +25,13 @@ from posattn.experiments import sweep as sweep_runner
 from posattn.experiments.executors import Executor
 from posattn.experiments.store import content_id
 from posattn.models import build_model, load, save
+from posattn.runtime.checkpoint import CHECKPOINT
 from posattn.runtime.files import write_json_atomic
 from posattn.runtime.lock import run_lock
 from posattn.synthetic.generators import drop_overlap, generate
 from posattn.synthetic.report import write_summary
 from posattn.synthetic.schema import MODEL_KEYS, CompareConfig
-from posattn.synthetic.train import CHECKPOINT, TrainConfig, evaluate, resolve_device, train
+from posattn.synthetic.train import TrainConfig, evaluate, resolve_device, train
 
 DEFAULT_CONFIG = "default"
 EVAL_SCORE_BUDGET = 2 ** 25   # batch · length² kept under this at evaluation (attention matrices)

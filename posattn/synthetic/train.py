@@ -7,7 +7,6 @@ resumed from any checkpoint ends with the same weights as an uninterrupted one.
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -16,10 +15,8 @@ import torch
 from torch import nn
 
 from posattn import schedule
-from posattn.runtime.checkpoint import CHECKPOINT
 from posattn.runtime.compile import compiled
 from posattn.runtime.device import resolve_device
-from posattn.runtime.lock import run_lock
 from posattn.runtime.loop import LoopState, Plan, run_loop
 from posattn.runtime.optim import adamw
 from posattn.runtime.order import batch_indices
@@ -125,10 +122,8 @@ def train(model: nn.Module, data: TaskData, cfg: TrainConfig, *, valid: TaskData
     target = ("valid_accuracy", cfg.target_accuracy) if cfg.target_accuracy is not None else None
     plan = Plan(steps=cfg.steps, lr=cfg.lr_at, eval_every=cfg.eval_every, grad_clip=cfg.grad_clip, seed=cfg.seed,
                 target=target, description=description)
-    with run_lock(checkpoint_dir) if checkpoint_dir is not None else contextlib.nullcontext():
-        state = run_loop(model, optimizer, plan, step_fn, evaluation, device=device, config=asdict(cfg),
-                         checkpoint=Path(checkpoint_dir) / CHECKPOINT if checkpoint_dir is not None else None,
-                         progress=progress)
+    state = run_loop(model, optimizer, plan, step_fn, evaluation, device=device, config=asdict(cfg),
+                     folder=checkpoint_dir, progress=progress)
     last = state.history[-1] if state.history else {}
     return TrainResult(steps=state.step, stopped_early=state.step < cfg.steps,
                        valid_accuracy=last.get("valid_accuracy"), loss=state.loss, history=state.history,

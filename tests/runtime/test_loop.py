@@ -98,17 +98,17 @@ def test_resume_from_any_checkpoint_matches_an_uninterrupted_run(tmp_path, capsy
 
     model, optimizer, step_fn, evaluate = problem()
     with pytest.raises(Stop):
-        run_loop(model, optimizer, plan, step_fn, evaluate, device=CPU, progress=False, checkpoint=tmp_path / "c.pt",
+        run_loop(model, optimizer, plan, step_fn, evaluate, device=CPU, progress=False, folder=tmp_path,
                  config={"a": 1}, log=MetricsLog(tmp_path), on_step=stop_at(8))
-    assert load_checkpoint(tmp_path / "c.pt", ("loop",))["loop"]["step"] == 6     # checkpoints every 3 steps
+    assert load_checkpoint(tmp_path / "checkpoint.pt", ("loop",))["loop"]["step"] == 6     # checkpoints every 3 steps
     logged = [json.loads(line)["step"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert logged == [2, 4, 4, 6, 8, 8]           # training rows every 2 steps, evaluation rows every 4
 
     model, optimizer, step_fn, evaluate = problem(seed=5)   # another init: everything comes from the checkpoint
     log = MetricsLog(tmp_path)
     resumed = run_loop(model, optimizer, plan, step_fn, evaluate, device=CPU, progress=True,
-                       checkpoint=tmp_path / "c.pt", config={"a": 1}, log=log)
-    assert f"train: resuming from step 6 of 12 ({tmp_path / 'c.pt'})" in capsys.readouterr().err
+                       folder=tmp_path, config={"a": 1}, log=log)
+    assert f"train: resuming from step 6 of 12 ({tmp_path / 'checkpoint.pt'})" in capsys.readouterr().err
     assert all(torch.equal(reference[k], v) for k, v in model.state_dict().items())
     assert resumed.history == whole.history and resumed.counters == {"tokens": 96}
     assert resumed.earlier[0] > 0
@@ -117,7 +117,7 @@ def test_resume_from_any_checkpoint_matches_an_uninterrupted_run(tmp_path, capsy
     assert rows == log.rows
     with pytest.raises(PositionError, match=r"different config \(a: 1 -> 2\)"):
         run_loop(model, optimizer, plan, step_fn, evaluate, device=CPU, progress=False,
-                 checkpoint=tmp_path / "c.pt", config={"a": 2})
+                 folder=tmp_path, config={"a": 2})
 
 
 def test_metrics_mirror_to_tensorboard(tmp_path):

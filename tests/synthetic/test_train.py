@@ -9,8 +9,9 @@ from torch import nn
 
 from posattn.errors import PositionError
 from posattn.models import build_model
+from posattn.runtime.checkpoint import CHECKPOINT
 from posattn.synthetic.generators import generate
-from posattn.synthetic.train import CHECKPOINT, TrainConfig, evaluate, train
+from posattn.synthetic.train import TrainConfig, evaluate, train
 
 V, L = 16, 16
 
