@@ -102,6 +102,10 @@ class Context:
     keep: Tensor | None  # [b, n] bool, True = real token; None = no padding
     causal: bool
     x: Tensor | None = None  # the current layer's (normed) input [b, n, d_model]
+    # [b, n] long document index of each token of a packed row (non-decreasing along a row);
+    # None: each row is one document. No attention or convolution crosses a document boundary
+    # and positions restart at 0 at the start of each document (:func:`document_positions`).
+    documents: Tensor | None = None
     cache: dict[Any, Any] = field(default_factory=dict)  # position-only terms, reused by layers
 
     @property
@@ -273,6 +277,17 @@ def max_len_check(mech: Mechanism, top: int, limit: int) -> None:
             f"{limit} positions and is not inductive; rebuild with max_len >= {top} or use an "
             f"inductive mechanism"
         )
+
+
+def document_positions(documents: Tensor) -> Tensor:
+    """Position ids [b, n] that restart at 0 where each document of a packed row begins:
+    for document ids [[0, 0, 0, 1, 1, 2]] the positions [[0, 1, 2, 0, 1, 0]]."""
+    n = documents.shape[-1]
+    index = torch.arange(n, device=documents.device).expand_as(documents)
+    starts = torch.ones_like(documents, dtype=torch.bool)
+    starts[:, 1:] = documents[:, 1:] != documents[:, :-1]
+    first = torch.where(starts, index, torch.zeros_like(index)).cummax(-1).values
+    return index - first
 
 
 def offsets(n: int, device: torch.device | None = None) -> Tensor:
