@@ -22,6 +22,7 @@ from . import (  # noqa: F401, I001  # noqa: F401, I001  (mixers: they replace s
     convbert,
     cope,
     dape,
+    deberta,
     diet,
     dynamic_pos_bias,
     fire,
@@ -36,7 +37,9 @@ from . import (  # noqa: F401, I001  # noqa: F401, I001  (mixers: they replace s
     segment,
     t5,
     tisa,
+    transformer_xl,
     tupe,
+    xpos,
 )
 from .base import COST_CLASSES, Context, Dims, Mechanism, Structure, check_layer
 from .registry import REGISTRY, get, names

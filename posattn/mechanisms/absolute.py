@@ -49,10 +49,10 @@ class Absolute(Mechanism):
         return self.embedding.weight[:n].detach().to(torch.float64)
 
 
-def sinusoids(positions: Tensor, d: int, base: float = 10000.0) -> Tensor:
-    """Vaswani et al. 2017 §3.5: PE[p, 2i] = sin(p/base^{2i/d}), PE[p, 2i+1] = cos(·)."""
-    inv = torch.exp(-math.log(base) * torch.arange(0, d, 2, device=positions.device) / d)
-    ang = positions[..., None].float() * inv
+def sinusoids(positions: Tensor, d: int, base: float = 10000.0, dtype: torch.dtype = torch.float32) -> Tensor:
+    """Vaswani et al. 2017 §3.5: PE[p, 2i] = sin(p/base^{2i/d}), PE[p, 2i+1] = cos(·), computed in ``dtype``."""
+    inv = torch.exp(-math.log(base) * torch.arange(0, d, 2, device=positions.device, dtype=dtype) / d)
+    ang = positions[..., None].to(dtype) * inv
     return torch.stack([ang.sin(), ang.cos()], -1).flatten(-2)[..., :d]
 
 

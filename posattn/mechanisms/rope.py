@@ -8,8 +8,11 @@
 xPos (Sun et al. 2022, "A Length-Extrapolatable Transformer"): the same rotation with q_i's pair m
 scaled by ζ_m^{(i−c)/B} and k_j's by ζ_m^{−(j−c)/B}, ζ_m = (2m/r + γ)/(1 + γ) with the paper's
 γ = 0.4 and B = ``scale_base``; so s_ij gains the factor ζ_m^{(i−j)/B}, an exponential decay with the distance
-that depends on i − j only. It decays only for j ≤ i and grows for j > i, so it is defined for
-causal attention (the paper; x-transformers refuses it too): an encoder is refused. The centre
+that depends on i − j only. It decays for j ≤ i (the paper's causal language models) and grows
+for j > i: in an encoder it applies as the authors' released code (torchscale, whose encoder
+self-attention takes the same xPos) applies it, keys after the query weighted up by
+ζ_m^{−(j−i)/B} ≤ ζ_0^{−(n−1)/B} (x-transformers refuses encoders instead). Registered on its own
+as ``xpos`` (:mod:`.xpos`), the same implementation. The centre
 c = ``max_len`` // 2 cancels in every score (x-transformers centres at n // 2 for the same reason:
 smaller magnitudes); a fixed c keeps rotated keys valid in a decoding cache. The k factor reaches
 ζ_0^{−(j−c)/B} = e^{1.25 (j−c)/B}: past j − c ≈ 8.8·B it overflows float16 (bfloat16 and float32 hold it).
@@ -46,7 +49,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 import torch
 from torch import Tensor, nn
@@ -78,34 +81,36 @@ class RopeScaling:
     long_factor: tuple[float, ...] | None = None
     attention_factor: float | None = None
 
-    def check(self, rotated: int) -> None:
-        """Refuse options this rescaling cannot honour for ``rotated`` rotated channels."""
+    def check(self, rotated: int, name: str = "rope") -> None:
+        """Refuse options this rescaling cannot honour for ``rotated`` rotated channels (``name``:
+        the mechanism, for the message)."""
         if self.kind not in SCALINGS:
-            raise PositionError(f"rope: unknown scaling {self.kind!r}; valid: {', '.join(SCALINGS)}")
+            raise PositionError(f"{name}: unknown scaling {self.kind!r}; valid: {', '.join(SCALINGS)}")
         if self.factor < 1.0:
-            raise PositionError(f"rope: scaling factor must be >= 1, got {self.factor}")
+            raise PositionError(f"{name}: scaling factor must be >= 1, got {self.factor}")
         if self.original_max_len < 1:
-            raise PositionError(f"rope: original_max_len must be >= 1, got {self.original_max_len}")
+            raise PositionError(f"{name}: original_max_len must be >= 1, got {self.original_max_len}")
         if self.yarn_ramp not in ("ratio", "dimension"):
-            raise PositionError(f"rope: yarn_ramp must be 'ratio' or 'dimension', got {self.yarn_ramp!r}")
+            raise PositionError(f"{name}: yarn_ramp must be 'ratio' or 'dimension', got {self.yarn_ramp!r}")
         if self.kind == "ntk" and rotated <= 2:
-            raise PositionError("rope: ntk scaling needs more than 2 rotated channels (exponent r/(r−2))")
+            raise PositionError(f"{name}: ntk scaling needs more than 2 rotated channels (exponent r/(r−2))")
         if self.kind == "llama3" and not 0 < self.low_freq_factor < self.high_freq_factor:
-            raise PositionError(f"rope: llama3 needs 0 < low_freq_factor < high_freq_factor, got "
+            raise PositionError(f"{name}: llama3 needs 0 < low_freq_factor < high_freq_factor, got "
                                 f"{self.low_freq_factor} and {self.high_freq_factor}")
         if self.kind == "longrope":
-            for name in ("short_factor", "long_factor"):
-                given = getattr(self, name)
+            for option in ("short_factor", "long_factor"):
+                given = getattr(self, option)
                 if given is None:
-                    raise PositionError(f"rope: longrope needs short_factor and long_factor ({rotated // 2} "
-                                        f"per-frequency factors each, from the LongRoPE search); {name} is missing")
+                    raise PositionError(f"{name}: longrope needs short_factor and long_factor ({rotated // 2} "
+                                        f"per-frequency factors each, from the LongRoPE search); {option} is missing")
                 if len(given) != rotated // 2 or any(not f > 0 for f in given):
-                    raise PositionError(f"rope: {name} must hold {rotated // 2} positive numbers (one per "
+                    raise PositionError(f"{name}: {option} must hold {rotated // 2} positive numbers (one per "
                                         f"rotated channel pair), got {len(given)}")
         if self.attention_factor is not None and self.kind not in ("yarn", "longrope"):
-            raise PositionError(f"rope: attention_factor applies to the yarn and longrope scalings, not {self.kind!r}")
+            raise PositionError(f"{name}: attention_factor applies to the yarn and longrope scalings, "
+                                f"not {self.kind!r}")
         if self.attention_factor is not None and not self.attention_factor > 0:
-            raise PositionError(f"rope: attention_factor must be > 0, got {self.attention_factor}")
+            raise PositionError(f"{name}: attention_factor must be > 0, got {self.attention_factor}")
 
     def frequencies(self, rotated: int, base: float, length: int) -> tuple[Tensor, float]:
         """Inverse frequencies θ [rotated/2] (float32, computed in float64) at the current
@@ -193,7 +198,7 @@ class RoPE(Mechanism):
         short_factor: LongRoPE's r/2 per-frequency factors used up to L.
         long_factor: LongRoPE's r/2 per-frequency factors used beyond L.
         attention_factor: overrides YaRN's or LongRoPE's q/k magnitude factor.
-        xpos: add xPos's decay ζ^{(i−j)/B} (Sun et al. 2022; decoders only).
+        xpos: add xPos's decay ζ^{(i−j)/B} (Sun et al. 2022); the same as the mechanism ``xpos``.
         scale_base: xPos's B, the distance over which the decay acts (512 in the paper's code).
     """
 
@@ -213,21 +218,21 @@ class RoPE(Mechanism):
                  attention_factor: float | None = None, xpos: bool = False, scale_base: float = 512.0) -> None:
         super().__init__(dims, shared)
         if not 0 < fraction <= 1:
-            raise PositionError(f"rope: fraction must be in (0, 1], got {fraction}")
+            raise PositionError(f"{self.name}: fraction must be in (0, 1], got {fraction}")
         self.rotated = int(dims.head_dim * fraction)
         if fraction == 1 and dims.head_dim % 2:
-            raise PositionError(f"rope: head dimension must be even, got {dims.head_dim}")
+            raise PositionError(f"{self.name}: head dimension must be even, got {dims.head_dim}")
         if self.rotated < 2 or self.rotated % 2:
-            raise PositionError(f"rope: the rotated channels (fraction {fraction} of head dimension "
+            raise PositionError(f"{self.name}: the rotated channels (fraction {fraction} of head dimension "
                                 f"{dims.head_dim} = {self.rotated}) must be a positive even number")
         if scale_base <= 0:
-            raise PositionError(f"rope: scale_base must be > 0, got {scale_base}")
+            raise PositionError(f"{self.name}: scale_base must be > 0, got {scale_base}")
         self.base = base
         self.scaling = RopeScaling(scaling, factor, original_max_len or dims.max_len, beta_fast, beta_slow, yarn_ramp,
                                    low_freq_factor, high_freq_factor,
                                    None if short_factor is None else tuple(short_factor),
                                    None if long_factor is None else tuple(long_factor), attention_factor)
-        self.scaling.check(self.rotated)
+        self.scaling.check(self.rotated, self.name)
         theta, self.mscale = self.scaling.frequencies(self.rotated, base, self.scaling.original_max_len)
         self.register_buffer("theta", theta, persistent=False)
         if scaling in LENGTH_DEPENDENT:
@@ -239,19 +244,14 @@ class RoPE(Mechanism):
             self.scale_base, self.centre = scale_base, dims.max_len // 2
 
     @classmethod
-    def validate(cls, options: dict[str, Any], others: list[str], dims: Dims) -> None:
-        if options.get("xpos") and not dims.causal:
-            raise PositionError("rope: xpos is defined for causal attention (its decay ζ^{(i−j)/B} grows for keys "
-                                "after the query; Sun et al. 2022); use it in a decoder")
-
-    @classmethod
     def length_scaled(cls, options: dict, kind: str, factor: float, trained_len: int) -> dict:
         """The rescaling ``kind`` by ``factor`` from the trained context ``trained_len`` (the
         module docstring's equations); ``longrope`` keeps the factors the options give."""
         if kind not in cls.length_scalings:
-            raise PositionError(f"rope: unknown length scaling {kind!r}; valid: {', '.join(cls.length_scalings)}")
+            raise PositionError(f"{cls.name}: unknown length scaling {kind!r}; "
+                                f"valid: {', '.join(cls.length_scalings)}")
         if kind == "longrope" and (options.get("short_factor") is None or options.get("long_factor") is None):
-            raise PositionError("rope: longrope needs the model's rope options short_factor and long_factor "
+            raise PositionError(f"{cls.name}: longrope needs the model's rope options short_factor and long_factor "
                                 "(LongRoPE's searched per-frequency factors); this model has none")
         return {**options, "scaling": kind, "factor": factor, "original_max_len": trained_len}
 

@@ -1,6 +1,7 @@
 """An independent, loop-by-loop attention layer written from the spec's formulas (SPEC.md table,
 Chang Eq 4-7, TISA Eq 5, DIET Eq 1-3, Raffel's buckets, Press's ALiBi, Su's RoPE, Ke's TUPE, CAT,
-Chi's KERPLE and Sandwich, SwinV2's dynamic position bias, the Forgetting Transformer's gates).
+Chi's KERPLE and Sandwich, SwinV2's dynamic position bias, the Forgetting Transformer's gates, Sun's
+xPos, Dai's Transformer-XL, He's DeBERTa).
 
 It reads the parameters of a built :class:`posattn.attention.layer.Attention` and recomputes the
 layer's output with plain Python loops over heads, queries and keys; nothing here calls posattn's
@@ -17,7 +18,8 @@ from torch import Tensor
 # until its formula is written here.
 COVERED = {"none", "rope", "alibi", "t5", "fixed_conv", "dynamic_conv", "key_dynamic_conv", "composite",
            "depthwise_conv", "conv_qkv", "cat", "tisa", "diet_abs", "diet_rel", "segment", "tupe",
-           "kerple", "sandwich", "dynamic_pos_bias", "forgetting", "fire", "cope", "dape"}
+           "kerple", "sandwich", "dynamic_pos_bias", "forgetting", "fire", "cope", "dape", "xpos",
+           "transformer_xl", "deberta"}
 
 
 def t5_bucket_ref(rel: int, bidirectional: bool, num_buckets: int, max_distance: int) -> int:
@@ -160,6 +162,19 @@ def position_bias(mech, name: str, h: int, i: int, j: int, q: Tensor, k: Tensor,
         if mech.relative is not None:
             total = total + position_bias(mech.relative, "t5", h, i, j, q, k, bidx, segments, dh, causal, n, positions)
         return total
+    if name == "transformer_xl":  # Dai et al. 2019 §3.3, (b) + (c) + (d), all over √d_h as (a)
+        wr = (mech.w_r.weight @ torch.tensor(sinusoid_ref(i - j, mech.dims.d_model, mech.base),
+                                             dtype=q.dtype))[h * dh:(h + 1) * dh]  # W_R R_{i−j}, head h
+        return (q[bidx, h, i] @ wr + mech.u[h] @ k[bidx, h, j] + mech.v[h] @ wr) / math.sqrt(dh)
+    if name == "deberta":  # He et al. 2021 Eq 2-4: c2p q_i·K^r[δ] + p2c k_j·Q^r[δ], δ = clamp(i − j + k, 0, 2k − 1)
+        span = mech.span
+        p = mech.relative.weight[max(0, min(2 * span - 1, i - j + span))]
+        total = 0.0
+        if "c2p" in mech.kinds:
+            total = total + q[bidx, h, i] @ (mech.pos_key.weight @ p + mech.pos_key.bias)[h * dh:(h + 1) * dh]
+        if "p2c" in mech.kinds:
+            total = total + k[bidx, h, j] @ (mech.pos_query.weight @ p + mech.pos_query.bias)[h * dh:(h + 1) * dh]
+        return total / math.sqrt((1 + len(mech.kinds)) * dh)
     if name == "dape":  # the bias it adapts (its transform: score_transform)
         return position_bias(mech.inner, mech.inner.name, h, i, j, q, k, bidx, segments, dh, causal, n, positions)
     return 0.0
@@ -177,6 +192,22 @@ def rope_rotate(x: Tensor, positions: Tensor, theta: Tensor, mscale: float) -> T
                 x1, x2 = x[bi, :, t, m], x[bi, :, t, m + half]
                 out[bi, :, t, m] = x1 * c - x2 * s
                 out[bi, :, t, m + half] = x2 * c + x1 * s
+    return out
+
+
+def xpos_rotate(x: Tensor, positions: Tensor, mech, sign: int) -> Tensor:
+    """Sun et al. 2022: RoPE's rotation with channel pair m scaled by ζ_m^{sign·(p − c)/B},
+    c = max_len // 2 (+1 for queries, −1 for keys; every channel rotated). ζ_m = (2m/d + 0.4)/1.4
+    is read from the mechanism, as θ is (stored in float32; tests/mechanisms/test_xpos.py checks it)."""
+    out = rope_rotate(x, positions, mech.theta, mech.mscale)
+    half = x.shape[-1] // 2
+    for bi in range(x.shape[0]):
+        for t in range(x.shape[2]):
+            for m in range(half):
+                zeta = float(mech.zeta[m])
+                f = zeta ** (sign * (float(positions[bi, t]) - mech.dims.max_len // 2) / mech.scale_base)
+                out[bi, :, t, m] = out[bi, :, t, m] * f
+                out[bi, :, t, m + half] = out[bi, :, t, m + half] * f
     return out
 
 
@@ -223,8 +254,12 @@ def slow_layer(attn, x: Tensor, keep: Tensor | None, causal: bool, segments: Ten
         if mech.name == "rope":
             theta = mech.theta
             q, k = rope_rotate(q, positions, theta, mech.mscale), rope_rotate(k, positions, theta, mech.mscale)
+        elif mech.name == "xpos":
+            q, k = xpos_rotate(q, positions, mech, 1), xpos_rotate(k, positions, mech, -1)
         elif mech.name == "tupe":
             scale = 1.0 / math.sqrt(2 * dh)
+        elif mech.name == "deberta" and mech.rescale:  # c2c over √((1 + terms) d_h) as well
+            scale = 1.0 / math.sqrt((1 + len(mech.kinds)) * dh)
         elif mech.name == "cat":
             q, k, v = cat_filters(mech, q, k, v, causal, keep)
             if mech.qk_norm:

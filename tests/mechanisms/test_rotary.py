@@ -245,7 +245,6 @@ def test_length_dependent_scalings_change_with_the_length_and_recompute_when_dec
     ({"scaling": "linear", "attention_factor": 2.0}, "attention_factor applies to the yarn and longrope scalings"),
     ({"scaling": "ntk", "fraction": 1 / 16}, "ntk scaling needs more than 2 rotated channels"),
     ({"scale_base": 0.0}, "scale_base must be > 0"),
-    ({"xpos": True}, "xpos is defined for causal attention"),
 ], ids=lambda v: v if isinstance(v, str) else opt_id(v))
 def test_bad_options_are_refused_with_one_clear_error(options, message):
     with pytest.raises(PositionError, match=message):
