@@ -18,9 +18,10 @@ def outputs_and_grads(m, make_ctx: Callable, q, k, v, params,
 
 
 def assert_fast_equals_reference(m, make_ctx: Callable, q, k, v, keep, params, fast_attend: Callable,
-                                 grad_tol: float = 1e-5) -> None:
+                                 grad_tol: float = 1e-5, causal: bool = True) -> None:
     """``fast_attend(terms)`` gives the reference path's output (1e-5) and gradients (``grad_tol``)."""
-    want_o, want_g = outputs_and_grads(m, make_ctx, q, k, v, params, lambda t: reference.attend(q, k, v, t, keep, True))
+    want_o, want_g = outputs_and_grads(m, make_ctx, q, k, v, params,
+                                       lambda t: reference.attend(q, k, v, t, keep, causal))
     got_o, got_g = outputs_and_grads(m, make_ctx, q, k, v, params, fast_attend)
     torch.testing.assert_close(got_o, want_o, atol=1e-5, rtol=1e-5)
     for a, b in zip(got_g, want_g):
