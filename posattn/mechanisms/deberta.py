@@ -71,8 +71,8 @@ class DeBERTa(Mechanism):
             log buckets reach their last bucket at.
         position_buckets: 0 for the clipped distances of DeBERTa (Eq 3); 2m > 0 for DeBERTa-v2's
             log buckets (P has 2·position_buckets rows; 256 in DeBERTa-v2 and -v3).
-        pos_att_type: which position terms to add, c2p and/or p2c (the paper's ablations drop
-            one); the scale is 1/√((1 + how many) d_h).
+        pos_att_type: which position terms to add, c2p and/or p2c, as a list or as "c2p|p2c"
+            (the paper's ablations drop one); the scale is 1/√((1 + how many) d_h).
         rescale: divide c2c by √(1 + how many) as well (the paper); False keeps the layer's own
             1/√d_h on q·k, which gives a pretrained model (posattn.hf) a neutral start."""
 
@@ -83,7 +83,7 @@ class DeBERTa(Mechanism):
     incremental = "rows"  # the q transform is a per-row rescaling
 
     def __init__(self, dims: Dims, shared: dict[str, nn.Module], max_relative_positions: int | None = None,
-                 position_buckets: int = 0, pos_att_type: list[str] | tuple[str, ...] = TERMS,
+                 position_buckets: int = 0, pos_att_type: list[str] | tuple[str, ...] | str = TERMS,
                  rescale: bool = True) -> None:
         super().__init__(dims, shared)
         k = dims.max_len if max_relative_positions is None else max_relative_positions
@@ -96,7 +96,9 @@ class DeBERTa(Mechanism):
             raise PositionError(f"deberta: with position_buckets = {position_buckets} the log buckets start at "
                                 f"distance {position_buckets // 2}, so max_relative_positions must exceed "
                                 f"{position_buckets // 2 + 1}, got {k}")
-        kinds = tuple(pos_att_type)
+        # a list, or transformers' older string form "c2p|p2c"
+        kinds = tuple(t.strip() for t in pos_att_type.split("|")) if isinstance(pos_att_type, str) else tuple(
+            pos_att_type)
         if not kinds or len(set(kinds)) != len(kinds) or not set(kinds) <= set(TERMS):
             raise PositionError(f"deberta: pos_att_type must name c2p and/or p2c once each, got {list(kinds)}")
         self.max_relative, self.buckets, self.kinds, self.rescale = k, position_buckets, kinds, rescale

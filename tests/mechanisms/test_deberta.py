@@ -222,6 +222,11 @@ def test_rescale_false_keeps_the_layers_scale_and_gives_a_neutral_start():
     assert mech.pos_key.weight.grad.abs().max() > 0 and mech.pos_query.weight.grad.abs().max() > 0
 
 
+def test_the_string_form_of_pos_att_type_is_the_list():
+    assert layer(pos_att_type="p2c|c2p").mechanisms[0].kinds == ("p2c", "c2p")
+    assert layer(pos_att_type="c2p").mechanisms[0].kinds == ("c2p",)
+
+
 def test_positional_parameters_are_p_and_the_two_projections():
     d = Dims(d_model=32, n_heads=4, n_layers=3, max_len=64, n_segments=1, causal=False)
     assert properties("deberta", d)["positional_params"] == 2 * 64 * 32 + 3 * 2 * (32 * 32 + 32)  # P shared
