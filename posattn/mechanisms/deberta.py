@@ -6,8 +6,9 @@ Disentangled Attention", §3.1, Eq 2-4):
     K^r = P W_{k,r} + b_{k,r},   Q^r = P W_{q,r} + b_{q,r},   P ∈ R^{2k×d_model}
 
 Q^c, K^c are the layer's own query and key; P, the relative position embeddings, is one table
-shared by every layer; W_{k,r}, W_{q,r} (with biases, as transformers' DebertaV2 without
-``share_att_key``) are per layer and split by head. d is taken per head, as the authors' code and
+shared by every layer (DeBERTa-v2 normalises it by a LayerNorm first, ``layer_norm``);
+W_{k,r}, W_{q,r} (with biases, as transformers' DebertaV2 without ``share_att_key``) are per layer
+and split by head. d is taken per head, as the authors' code and
 transformers do (√(d_h · 3)); with one of c2p, p2c left out (``pos_att_type``) the 3 is a 2.
 
 Indices: the p2c term reads Q^r at δ(i, j), the row of i − j, as c2p does. The paper writes
@@ -74,7 +75,9 @@ class DeBERTa(Mechanism):
         pos_att_type: which position terms to add, c2p and/or p2c, as a list or as "c2p|p2c"
             (the paper's ablations drop one); the scale is 1/√((1 + how many) d_h).
         rescale: divide c2c by √(1 + how many) as well (the paper); False keeps the layer's own
-            1/√d_h on q·k, which gives a pretrained model (posattn.hf) a neutral start."""
+            1/√d_h on q·k, which gives a pretrained model (posattn.hf) a neutral start.
+        layer_norm: normalise P by a LayerNorm (shared, like P) before the projections, as
+            DeBERTa-v2 and -v3 do (transformers' norm_rel_ebd="layer_norm")."""
 
     paper = "He et al. 2021 (DeBERTa), Eq 2-4; DeBERTa-v2 log buckets"
     equation = "s_ij = (q_i·k_j + q_i·K^r_{δ(i,j)} + k_j·Q^r_{δ(i,j)})/√(3d_h)"
@@ -84,7 +87,7 @@ class DeBERTa(Mechanism):
 
     def __init__(self, dims: Dims, shared: dict[str, nn.Module], max_relative_positions: int | None = None,
                  position_buckets: int = 0, pos_att_type: list[str] | tuple[str, ...] | str = TERMS,
-                 rescale: bool = True) -> None:
+                 rescale: bool = True, layer_norm: bool = False) -> None:
         super().__init__(dims, shared)
         k = dims.max_len if max_relative_positions is None else max_relative_positions
         if not isinstance(k, int) or k < 1:
@@ -111,6 +114,9 @@ class DeBERTa(Mechanism):
             shared["deberta.relative"] = nn.Embedding(2 * self.span, dims.d_model)
             nn.init.normal_(shared["deberta.relative"].weight, std=0.02)
         self.relative = shared["deberta.relative"]  # P, one table for every layer
+        if layer_norm and "deberta.norm" not in shared:
+            shared["deberta.norm"] = nn.LayerNorm(dims.d_model, eps=1e-7)  # transformers' layer_norm_eps
+        self.norm = shared["deberta.norm"] if layer_norm else None
         self.pos_key = nn.Linear(dims.d_model, dims.d_model) if "c2p" in kinds else None  # W_{k,r}
         self.pos_query = nn.Linear(dims.d_model, dims.d_model) if "p2c" in kinds else None  # W_{q,r}
 
@@ -149,7 +155,9 @@ class DeBERTa(Mechanism):
     def score_terms(self, q: Tensor, k: Tensor, ctx: Context) -> list[Term]:
         w = min(self.window, ctx.n - 1)
         idx = self.index(torch.arange(-w, w + 1, device=q.device))  # δ at i − j = −w … w
-        rows = self.relative.weight[idx].to(q.dtype)  # P[δ(i − j)], [2w + 1, d_model]
+        table = self.relative.weight if self.norm is None else ctx.cached(
+            ("deberta.norm", id(self.norm)), lambda: self.norm(self.relative.weight))  # once for every layer
+        rows = table[idx].to(q.dtype)  # P[δ(i − j)], [2w + 1, d_model]
         h, dh = self.dims.n_heads, self.dims.head_dim
         scale = 1.0 / math.sqrt(self.scale_factor * dh)
         terms: list[Term] = []

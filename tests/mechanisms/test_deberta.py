@@ -17,7 +17,7 @@ from posattn.attention.layer import Attention
 from posattn.errors import PositionError
 from posattn.mechanisms import Dims, build, properties
 from posattn.mechanisms.base import Context
-from posattn.mechanisms.deberta import log_bucket
+from posattn.mechanisms.deberta import TERMS, log_bucket
 
 from .paths import assert_fast_equals_reference
 
@@ -98,6 +98,34 @@ def test_equal_to_transformers_debertav2_attention_with_copied_weights(k, bucket
         got = ours(x, ctx(n, keep=keep))
         # transformers takes √(3 d_h) in float32: agreement to 1e-7, not to float64's last digit
         torch.testing.assert_close(got[keep], want[keep], rtol=1e-6, atol=1e-7)
+
+
+def test_the_layer_norm_of_p_is_debertav2s():
+    """``layer_norm``: P goes through the LayerNorm that transformers' DebertaV2Encoder applies
+    (``get_rel_embedding`` with norm_rel_ebd="layer_norm") before the attention reads it."""
+    from transformers import DebertaV2Config
+    from transformers.models.deberta_v2.modeling_deberta_v2 import DebertaV2Encoder
+
+    theirs = transformers_attention(24, 8, TERMS)
+    ours = copied(theirs, 24, 8, TERMS)
+    normed = layer(max_relative_positions=24, position_buckets=8, layer_norm=True)
+    normed.load_state_dict(ours.state_dict(), strict=False)
+    cfg = DebertaV2Config(hidden_size=D, num_attention_heads=H, num_hidden_layers=1, intermediate_size=8,
+                          relative_attention=True, position_buckets=8, max_relative_positions=24,
+                          norm_rel_ebd="layer_norm")
+    encoder = DebertaV2Encoder(cfg).double()
+    mech = normed.mechanisms[0]
+    with torch.no_grad():
+        encoder.rel_embeddings.weight.copy_(mech.relative.weight)
+        encoder.LayerNorm.weight.normal_()
+        encoder.LayerNorm.bias.normal_()
+        mech.norm.weight.copy_(encoder.LayerNorm.weight)
+        mech.norm.bias.copy_(encoder.LayerNorm.bias)
+    x = torch.randn(2, 30, D, generator=torch.Generator().manual_seed(6), dtype=torch.float64)
+    want = theirs(x, torch.ones(2, 1, 1, 30, dtype=torch.bool), rel_embeddings=encoder.get_rel_embedding())[0]
+    for path in ("reference", "fast"):
+        normed.path = path
+        torch.testing.assert_close(normed(x, ctx(30)), want, rtol=1e-6, atol=1e-7)
 
 
 def test_log_buckets_are_transformers_buckets():
@@ -234,6 +262,8 @@ def test_positional_parameters_are_p_and_the_two_projections():
         "positional_params"] == 2 * 16 * 32 + 3 * 2 * (32 * 32 + 32)
     assert properties({"name": "deberta", "pos_att_type": ["c2p"]}, d)["positional_params"] == 2 * 64 * 32 + 3 * (
         32 * 32 + 32)
+    assert properties({"name": "deberta", "layer_norm": True}, d)["positional_params"] == 2 * 64 * 32 + 2 * 32 + 3 * (
+        2 * (32 * 32 + 32))  # one LayerNorm, shared like P
 
 
 @pytest.mark.parametrize(("options", "message"), [
