@@ -3,6 +3,9 @@ a mechanism with a neutral start leaves the pretrained model's outputs unchanged
 trains; every other mechanism starts at its own initialisation."""
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -14,9 +17,7 @@ from posattn.mechanisms import REGISTRY, Dims, build  # noqa: E402
 
 from .test_retrofit import IDS, MASK, logits, tiny  # noqa: E402
 
-# the mechanisms documented (posattn.hf.retrofit, the Hugging Face guide) to start neutral
-DOCUMENTED_NEUTRAL = {"tisa", "t5", "diet_rel", "diet_abs", "fixed_conv", "dynamic_conv", "key_dynamic_conv",
-                      "composite", "depthwise_conv", "cat", "segment", "none"}
+GUIDE = Path(__file__).resolve().parents[2] / "docs" / "guides" / "huggingface.md"
 # what a BERT self-attention cannot take, with the reason add_mechanisms gives
 REFUSED = {name: "acts on the input" if cls.placement_for({}) == "input" else "reads the layer's input x"
            for name, cls in REGISTRY.items() if cls.placement_for({}) == "input" or cls.reads_layer_input}
@@ -30,10 +31,25 @@ NEUTRAL = [name for name in REGISTRY if name not in REFUSED and has_neutral_star
 OWN_START = [name for name in REGISTRY if name not in REFUSED and name not in NEUTRAL]
 
 
-def test_the_documented_neutral_starts_exist():
-    assert {"absolute", "sinusoidal", "conv_qkv", "convbert"} <= set(REFUSED)
-    assert DOCUMENTED_NEUTRAL <= set(NEUTRAL)
-    assert {"alibi", "rope", "tupe", "linformer", "lincat"} <= set(OWN_START)
+def guide_table() -> dict[str, set[str]]:
+    """The Hugging Face guide's table of starts: {first column: mechanism names in the second}."""
+    text = GUIDE.read_text()
+    table = text[text.index("| neutral start | mechanisms |"):].split("\n\n")[0]
+    rows = [line.split("|")[1:3] for line in table.splitlines()[2:]]
+    return {kind.strip(): {name for name in re.findall(r"`([a-z_0-9]+)`", names) if name in REGISTRY}
+            for kind, names in rows}
+
+
+def test_the_guide_states_how_every_mechanism_starts():
+    """Every registered mechanism in exactly one row of the guide's table, and the row true."""
+    rows = guide_table()
+    named = [name for names in rows.values() for name in names]
+    assert sorted(named) == sorted(REGISTRY), "each mechanism once"
+    own = rows.pop("none: own initialisation")
+    refused = rows.pop(next(kind for kind in rows if kind.startswith("refused")))
+    assert set().union(*rows.values()) == set(NEUTRAL)
+    assert own == set(OWN_START)
+    assert refused == set(REFUSED)
 
 
 @pytest.mark.parametrize("name", NEUTRAL)
