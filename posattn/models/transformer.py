@@ -70,7 +70,7 @@ class Block(nn.Module):
         return x
 
 
-def check_documents(document_ids: Tensor, shape: torch.Size) -> Tensor | None:
+def validated_documents(document_ids: Tensor, shape: torch.Size) -> Tensor | None:
     """The validated document ids (:attr:`Context.documents`), or None when every row is one
     document (then nothing is packed and the model runs exactly as without them)."""
     if not isinstance(document_ids, Tensor) or document_ids.dtype != torch.long or document_ids.shape != shape:
@@ -149,7 +149,7 @@ class Transformer(nn.Module):
             segment_ids = torch.zeros_like(input_ids)
         elif segment_ids.shape != (b, n) or segment_ids.dtype != torch.long or int(segment_ids.min()) < 0:
             raise PositionError(f"segment_ids must be a non-negative LongTensor of shape {(b, n)}")
-        documents = None if document_ids is None else check_documents(document_ids, input_ids.shape)
+        documents = None if document_ids is None else validated_documents(document_ids, input_ids.shape)
         if positions is None and documents is not None:
             positions = document_positions(documents)
         elif positions is None:
@@ -288,7 +288,7 @@ class Encoder(Transformer):
         first = torch.zeros_like(input_ids, dtype=torch.bool)
         first[:, 0] = True
         if document_ids is not None:
-            check_documents(document_ids, input_ids.shape)
+            validated_documents(document_ids, input_ids.shape)
             first[:, 1:] = document_ids[:, 1:] != document_ids[:, :-1]
             if attention_mask is not None and attention_mask.shape == input_ids.shape:  # else hidden refuses it
                 first &= attention_mask.bool()
