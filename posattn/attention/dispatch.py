@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Literal
 
+from torch import Tensor
+
 from ..errors import PositionError
 from .terms import Dense, LowRank, QueryRelative, RowNormalised, ScoreTransform, Term, Toeplitz
 
@@ -27,6 +29,11 @@ HANDLES: dict[str, tuple[type[Term], ...]] = {
 }
 
 
+# the paths whose mask hides the keys of another document of a packed row (Context.documents);
+# the kernels of the others know padding and causality alone
+TAKES_DOCUMENTS: tuple[str, ...] = ("sdpa", "dense", "flex")
+
+
 def refused(path: str, term: Term, why: str = "") -> PositionError:
     """The error for a term that ``path`` does not compute (``why``: a reason beyond its type)."""
     takes = ", ".join(t.__name__ for t in HANDLES[path])
@@ -42,3 +49,11 @@ def check_terms(path: str, terms: list[Term]) -> None:
     for t in terms:
         if type(t) not in HANDLES[path]:
             raise refused(path, t)
+
+
+def check_documents(path: str, documents: Tensor | None) -> None:
+    """Refuse packed rows (``documents``) on a path whose mask cannot hide another document's keys."""
+    if documents is not None and path not in TAKES_DOCUMENTS:
+        raise PositionError(f"the {path} attention path cannot hide the keys of another document of a packed "
+                            f"row (document_ids): it takes padding and causality only; the "
+                            f"{', '.join(TAKES_DOCUMENTS)} paths take documents (fast.attend picks one)")

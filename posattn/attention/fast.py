@@ -41,6 +41,12 @@ the term structures, the device and the length, never from a mechanism's name:
   gradients reduced from dS in the same pass.
 - ``flex`` (CUDA): FlexAttention with the terms inside the kernel (:mod:`.flex`).
 
+Packed rows (``documents``, :attr:`posattn.mechanisms.base.Context.documents`): every query sees
+the keys of its own document only. ``sdpa`` (a boolean mask), ``dense`` (the mask in its bias) and
+``flex`` (the mask in its block mask) take that mask; ``banded``, ``flash_bias`` and ``fused``
+do not (their kernels know padding and causality alone), so :func:`plan` never picks them for a
+packed batch and :func:`run` refuses them (:data:`.dispatch.TAKES_DOCUMENTS`).
+
 The thresholds are CPU measurements (``posattn bench``; 2 threads, head dim 64), recorded in the
 documentation ("How the fast paths work").
 """
@@ -59,7 +65,7 @@ from ..errors import PositionError
 from . import native, reference
 from .banded import BandGeometry, banded_attention
 from .cache import POSITION_CACHE
-from .dispatch import HANDLES, Path, check_terms, refused
+from .dispatch import HANDLES, Path, check_documents, check_terms, refused
 from .dropout import hashed
 from .flash_bias import BiasGeometry, ChunkFn, flash_bias_attention, relative_chunk
 from .flex import flex_attend
@@ -145,7 +151,7 @@ def _needs_grad(tensors: list[Tensor]) -> bool:
 
 
 def plan(q: Tensor, terms: list[Term], causal: bool, dropout: float = 0.0, training: bool = False,
-         policy: Policy | None = None, keep: Tensor | None = None) -> Path:
+         policy: Policy | None = None, keep: Tensor | None = None, documents: Tensor | None = None) -> Path:
     """The algorithm :func:`attend` uses for these arguments."""
     policy = policy or policy_for(q.device)
     terms = _resolve(terms, causal, q, policy)
@@ -154,6 +160,8 @@ def plan(q: Tensor, terms: list[Term], causal: bool, dropout: float = 0.0, train
     n = q.shape[-2]
     if training and dropout > 0 or any(isinstance(t, ScoreTransform) for t in terms):
         return "dense" if terms else "sdpa"
+    if documents is not None:  # only the paths that take the document mask
+        return _packed_plan(q, rest, low, policy)
     if not rest:
         if low and _low_rank_as_bias(q, low, policy):
             return "dense"
@@ -191,6 +199,17 @@ def plan(q: Tensor, terms: list[Term], causal: bool, dropout: float = 0.0, train
     if learned_positions and fused_tables and keep is not None:  # flash-bias's fused backward takes no padding
         return "fused"
     return "flash_bias"
+
+
+def _packed_plan(q: Tensor, rest: list[Term], low: list[LowRank], policy: Policy) -> Path:
+    """The path for packed rows: SDPA with the boolean mask when nothing but narrow low-rank
+    terms (folded) is left, FlexAttention on CUDA, else the dense bias with the mask in it."""
+    if not rest and not (low and _low_rank_as_bias(q, low, policy)):
+        return "sdpa"
+    if (q.device.type == "cuda" and policy.use_flex and _flex_available()
+            and all(type(t) in HANDLES["flex"] for t in rest)):
+        return "flex"
+    return "dense"
 
 
 def _fusable(q: Tensor, rest: list[Term], policy: Policy) -> bool:
@@ -246,34 +265,39 @@ def _flex_available() -> bool:
 # -- the paths ---------------------------------------------------------------------------------
 def attend(
     q: Tensor, k: Tensor, v: Tensor, terms: list[Term], keep: Tensor | None, causal: bool,
-    dropout: float = 0.0, training: bool = False, *, policy: Policy | None = None,
+    dropout: float = 0.0, training: bool = False, documents: Tensor | None = None, *,
+    policy: Policy | None = None,
 ) -> Tensor:
-    """Attention output [b, h, n, d_v], equal to :func:`posattn.attention.reference.attend`."""
+    """Attention output [b, h, n, d_v], equal to :func:`posattn.attention.reference.attend`
+    (``documents``: the document of each token of a packed row, [b, n])."""
     policy = policy or policy_for(q.device)
     terms = _resolve(terms, causal, q, policy)  # once: plan's own _resolve leaves resolved terms as they are
-    path = plan(q, terms, causal, dropout, training, policy, keep)
-    return run(path, q, k, v, terms, keep, causal, dropout, training, policy=policy)
+    path = plan(q, terms, causal, dropout, training, policy, keep, documents)
+    return run(path, q, k, v, terms, keep, causal, dropout, training, documents, policy=policy)
 
 
 def run(path: Path, q: Tensor, k: Tensor, v: Tensor, terms: list[Term], keep: Tensor | None, causal: bool,
-        dropout: float = 0.0, training: bool = False, *, policy: Policy | None = None) -> Tensor:
+        dropout: float = 0.0, training: bool = False, documents: Tensor | None = None, *,
+        policy: Policy | None = None) -> Tensor:
     """Attention output [b, h, n, d_v] computed by ``path`` itself (:func:`attend` runs the
     path :func:`plan` picks). A term the path has no code for is refused by term type and path
     (:mod:`.dispatch`), as are terms it cannot take for a reason beyond their type: ``banded``
-    needs every term constant beyond a window, ``fused`` needs terms its kernels take."""
+    needs every term constant beyond a window, ``fused`` needs terms its kernels take; and
+    packed rows (``documents``) on a path without the document mask."""
     policy = policy or policy_for(q.device)
     check_terms(path, terms)
+    check_documents(path, documents)
     low = [t for t in terms if isinstance(t, LowRank)]
     rest = [t for t in terms if not isinstance(t, LowRank)]
     scale = 1.0 / math.sqrt(q.shape[-1])
     d_v = v.shape[-1]
     p = dropout if training else 0.0
     if path == "sdpa":
-        return _sdpa(q, k, v, low, keep, causal, scale, p, policy)
+        return _sdpa(q, k, v, low, keep, causal, scale, p, policy, documents)
     if path == "dense":
-        return _dense(q, k, v, low, rest, keep, causal, scale, p, policy)
+        return _dense(q, k, v, low, rest, keep, causal, scale, p, policy, documents)
     if path == "flex":
-        return flex_attend(q, k, v, low, rest, keep, causal, scale)
+        return flex_attend(q, k, v, low, rest, keep, causal, scale, documents)
     if path == "fused":
         for t in rest + low:
             if not t.fusable():
@@ -293,12 +317,13 @@ def run(path: Path, q: Tensor, k: Tensor, v: Tensor, terms: list[Term], keep: Te
 
 
 def _sdpa(q: Tensor, k: Tensor, v: Tensor, low: list[LowRank], keep: Tensor | None, causal: bool,
-          scale: float, p: float, policy: Policy) -> Tensor:
+          scale: float, p: float, policy: Policy, documents: Tensor | None = None) -> Tensor:
     d_v = v.shape[-1]
     if low:
         q, k, v = fold_low_rank(q, k, v, low, scale, policy.width_multiple)
         scale = 1.0
-    mask = None if keep is None else allowed_mask(q.shape[-2], keep, causal, q.device)
+    hides = keep is not None or documents is not None
+    mask = allowed_mask(q.shape[-2], keep, causal, q.device, documents=documents) if hides else None
     return _softmax_product(q, k, v, mask, causal, scale, p)[..., :d_v]
 
 
@@ -320,14 +345,14 @@ def _softmax_product(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causa
 
 
 def _dense(q: Tensor, k: Tensor, v: Tensor, low: list[LowRank], rest: list[Term], keep: Tensor | None,
-           causal: bool, scale: float, p: float, policy: Policy) -> Tensor:
+           causal: bool, scale: float, p: float, policy: Policy, documents: Tensor | None = None) -> Tensor:
     """One bias into SDPA; cached across layers and batches when it is position-only and needs
     no gradient. Low-rank terms fold, unless they are part of such a cached bias or wide
     (:func:`_low_rank_as_bias`)."""
     n, d_v = q.shape[-2], v.shape[-1]
     rest, changes = split_transforms(rest)
     if changes:
-        return _transformed(q, k, v, low + rest, changes, keep, causal, scale, p)
+        return _transformed(q, k, v, low + rest, changes, keep, causal, scale, p, documents)
     dense_terms: list[Term] = list(rest)
     cache = not _needs_grad(_term_tensors(low + rest)) and _position_only(low + rest)
     if cache:
@@ -345,7 +370,7 @@ def _dense(q: Tensor, k: Tensor, v: Tensor, low: list[LowRank], rest: list[Term]
         bias = POSITION_CACHE.get(n, parts, lambda: _dense_bias(dense_terms, n).to(q.dtype))
     elif dense_terms:
         bias = _dense_bias(dense_terms, n).to(q.dtype)
-    ok = allowed_mask(n, keep, causal, q.device)
+    ok = allowed_mask(n, keep, causal, q.device, documents=documents)
     if ok is not None:
         bias = (torch.zeros(ok.shape, dtype=q.dtype, device=q.device) if bias is None else bias).masked_fill(
             ~ok, float("-inf"))
@@ -353,12 +378,12 @@ def _dense(q: Tensor, k: Tensor, v: Tensor, low: list[LowRank], rest: list[Term]
 
 
 def _transformed(q: Tensor, k: Tensor, v: Tensor, additive: list[Term], changes: list[Term], keep: Tensor | None,
-                 causal: bool, scale: float, p: float) -> Tensor:
+                 causal: bool, scale: float, p: float, documents: Tensor | None = None) -> Tensor:
     """Score transforms (:class:`ScoreTransform`) rewrite the scores themselves, so the scores
     are written out: the additive terms as one bias (:meth:`Term.bias`: query-relative terms
     gathered from q·Wᵀ), the transforms, then the masked softmax times v."""
     n = q.shape[-2]
-    ok = allowed_mask(n, keep, causal, q.device)
+    ok = allowed_mask(n, keep, causal, q.device, documents=documents)
     s = reference.transformed((q @ k.transpose(-1, -2)) * scale, [_dense_bias(additive, n)] if additive else [],
                               changes, ok, torch.arange(n, device=q.device)[None])
     return reference.weighted_values(s, ok, v, p, p > 0)

@@ -1,7 +1,8 @@
 """CUDA: FlexAttention with the score terms inside the fused kernel (forward and backward).
 
 Low-rank terms fold into q/k as on every path; Toeplitz tables, query/key-relative products
-and dense biases are read in ``score_mod``; padding and causality become a block mask, so
+and dense biases are read in ``score_mod``; padding, causality and the documents of packed
+rows become a block mask, so
 fully hidden blocks are skipped. Gradients reach every captured tensor (FlexAttention
 differentiates through ``score_mod`` on CUDA). Not available on CPU for training; the CPU
 tests run FlexAttention only in inference, the CUDA tests (``tests/*/test_cuda.py``) train through it.
@@ -38,14 +39,15 @@ def _flex() -> Callable[..., Tensor]:
 
 
 def flex_attend(q: Tensor, k: Tensor, v: Tensor, low: list[LowRank], rest: list[Term],
-                keep: Tensor | None, causal: bool, scale: float) -> Tensor:
+                keep: Tensor | None, causal: bool, scale: float, documents: Tensor | None = None) -> Tensor:
     """Attention [b, h, n, d_v] with every term inside FlexAttention (CUDA).
 
     The length is padded up to a multiple of :data:`BLOCK` (FlexAttention's block, so no extra
     block is computed) and every captured tensor to that padded length: Dynamo specialises on
     shapes, so variable-length batches (fine-tuning, evaluation sorted by length) share one
     compiled kernel per padded length instead of compiling one per length. Padded keys are
-    masked; padded query rows are dropped."""
+    masked; padded query rows are dropped. ``documents`` ([b, n]): a query sees only the keys of
+    its own document."""
     from torch.nn.attention.flex_attention import create_block_mask
 
     b, h, n, _ = q.shape
@@ -92,15 +94,20 @@ def flex_attend(q: Tensor, k: Tensor, v: Tensor, low: list[LowRank], rest: list[
         return score
 
     block_mask = None
-    if causal or keep is not None or extra:
+    if causal or keep is not None or extra or documents is not None:
         if keep is None:
             keep = torch.ones(1, n, dtype=torch.bool, device=q.device)
         keep = F.pad(keep, (0, extra), value=False)     # [b|1, N]: a tensor, so n is no compile constant
-        batched = keep.shape[0] > 1
+        wide = keep.shape[0] > 1
+        docs = None if documents is None else F.pad(documents, (0, extra), value=-1)  # padded rows: document −1
+        batched = wide or docs is not None
 
         def mask_mod(bi: Tensor, hi: Tensor, qi: Tensor, ki: Tensor) -> Tensor:
             ok = ki <= qi if causal else ki >= 0
-            return ok & (keep[bi if batched else 0, ki] | (ki == qi))
+            seen = keep[bi if wide else 0, ki]
+            if docs is not None:
+                seen = seen & (docs[bi, qi] == docs[bi, ki])
+            return ok & (seen | (ki == qi))
 
         block_mask = create_block_mask(mask_mod, b if batched else None, None, big, big, device=q.device)
     o = _flex()(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=1.0)

@@ -10,6 +10,7 @@ structures of :mod:`.terms`, never a mechanism's name:
                                                 #  rewrites q·kᵀ/√d_h + Σ terms before the mask)
     o       = attend(q, k, v, terms)            # reference or fast path,
             | mixer.mix(q, k, v, terms, softmax) # or a mixer that replaces softmax(s)·V
+                                                # (the mask: padding, causality, documents)
     for m in mechanisms: o = m.transform_output(o, v)
     y       = merge(o) W_O
 
@@ -44,10 +45,11 @@ def mix(mechanisms: list[Mechanism], q: Tensor, k: Tensor, v: Tensor, ctx: Conte
     terms = [t for m in mechanisms for t in m.score_terms(q, k, ctx)]
     for m in mechanisms:
         if m.mixes:
-            return m.mix(q, k, v, terms, ctx, Softmax(path, PATHS[path], ctx.keep, ctx.causal, dropout, training))
+            return m.mix(q, k, v, terms, ctx, Softmax(path, PATHS[path], ctx.keep, ctx.causal, dropout, training,
+                                                      ctx.documents))
     # softmax attention itself is called directly: building the frozen Softmax dataclass inside a
     # torch.compile'd step failed on CUDA (torch 2.11: "'Softmax' object has no attribute 'path'")
-    return PATHS[path](q, k, v, terms, ctx.keep, ctx.causal, dropout, training)
+    return PATHS[path](q, k, v, terms, ctx.keep, ctx.causal, dropout, training, ctx.documents)
 
 
 class Attention(nn.Module):
@@ -97,7 +99,7 @@ class Attention(nn.Module):
         if rows is not None and rows.shape[-1] < ctx.n and not blockers(list(self.mechanisms)):
             q = take_rows(q, rows)
             o = reference.attend_rows(q, k, v, self.terms(q, k, ctx), rows, ctx.keep, ctx.causal,
-                                      self.dropout, self.training)
+                                      self.dropout, self.training, ctx.documents)
         else:
             o = mix(list(self.mechanisms), q, k, v, ctx, self.path, self.dropout, self.training)
             for m in self.mechanisms:
@@ -113,4 +115,5 @@ class Attention(nn.Module):
                 raise PositionError(f"{m.name}: replaces softmax attention; it has no n×n score matrix "
                                     f"of n_heads heads to report")
         q, k, _ = self.project(x, ctx)
-        return reference.scores(q, k, self.terms(q, k, ctx), ok=allowed_mask(ctx.n, ctx.keep, ctx.causal, q.device))
+        ok = allowed_mask(ctx.n, ctx.keep, ctx.causal, q.device, documents=ctx.documents)
+        return reference.scores(q, k, self.terms(q, k, ctx), ok=ok)

@@ -48,10 +48,11 @@ def transformed(logits: Tensor, parts: list[Tensor], terms: list[Term], ok: Tens
 
 def attend(
     q: Tensor, k: Tensor, v: Tensor, terms: list[Term], keep: Tensor | None, causal: bool,
-    dropout: float = 0.0, training: bool = False,
+    dropout: float = 0.0, training: bool = False, documents: Tensor | None = None,
 ) -> Tensor:
-    """Attention output [b, h, n, d_v] from the dense score matrix."""
-    ok = allowed_mask(q.shape[-2], keep, causal, q.device)
+    """Attention output [b, h, n, d_v] from the dense score matrix; ``documents`` ([b, n]): the
+    document of each token of a packed row, no query sees another document's keys."""
+    ok = allowed_mask(q.shape[-2], keep, causal, q.device, documents=documents)
     return weighted_values(scores(q, k, terms, ok=ok), ok, v, dropout, training)
 
 
@@ -64,12 +65,12 @@ def weighted_values(s: Tensor, ok: Tensor | None, v: Tensor, dropout: float = 0.
 
 def attend_rows(
     q: Tensor, k: Tensor, v: Tensor, terms: list[Term], index: Tensor, keep: Tensor | None, causal: bool,
-    dropout: float = 0.0, training: bool = False,
+    dropout: float = 0.0, training: bool = False, documents: Tensor | None = None,
 ) -> Tensor:
     """Attention output [b, h, m, d_v] of the query rows ``index`` ([b|1, m] positions; q holds
     those m rows) over all n keys: the rows of :func:`attend`, from an m×n score matrix."""
     n = k.shape[-2]
-    ok = allowed_mask(n, keep, causal, q.device, index)
+    ok = allowed_mask(n, keep, causal, q.device, index, documents)
     s = transformed(q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1]),
                     [t.rows(index, n) for t in terms if not isinstance(t, ScoreTransform)], terms, ok, index)
     return weighted_values(s, ok, v, dropout, training)

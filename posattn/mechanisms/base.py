@@ -242,8 +242,8 @@ class Mechanism(nn.Module):
 @dataclass(frozen=True)
 class Softmax:
     """The layer's own softmax attention, handed to a mixer: ``softmax(q, k, v, terms)`` with the
-    layer's mask, dropout and path. ``path`` ("reference" or "fast") also picks the mixer's own
-    reference or fast form."""
+    layer's mask (padding ``keep``, ``causal``, packed ``documents``), dropout and path. ``path``
+    ("reference" or "fast") also picks the mixer's own reference or fast form."""
 
     path: str
     attend: Callable[..., Tensor]
@@ -251,9 +251,10 @@ class Softmax:
     causal: bool
     dropout: float = 0.0
     training: bool = False
+    documents: Tensor | None = None
 
     def __call__(self, q: Tensor, k: Tensor, v: Tensor, terms: list[Term] | None = None) -> Tensor:
-        return self.attend(q, k, v, terms or [], self.keep, self.causal, self.dropout, self.training)
+        return self.attend(q, k, v, terms or [], self.keep, self.causal, self.dropout, self.training, self.documents)
 
 
 def check_layer(mechanisms: list[Mechanism]) -> None:
@@ -279,15 +280,29 @@ def max_len_check(mech: Mechanism, top: int, limit: int) -> None:
         )
 
 
+def document_starts(documents: Tensor) -> Tensor:
+    """[b, n] bool: True at the first token of each document of a packed row."""
+    starts = torch.ones_like(documents, dtype=torch.bool)
+    starts[:, 1:] = documents[:, 1:] != documents[:, :-1]
+    return starts
+
+
 def document_positions(documents: Tensor) -> Tensor:
     """Position ids [b, n] that restart at 0 where each document of a packed row begins:
     for document ids [[0, 0, 0, 1, 1, 2]] the positions [[0, 1, 2, 0, 1, 0]]."""
     n = documents.shape[-1]
     index = torch.arange(n, device=documents.device).expand_as(documents)
-    starts = torch.ones_like(documents, dtype=torch.bool)
-    starts[:, 1:] = documents[:, 1:] != documents[:, :-1]
-    first = torch.where(starts, index, torch.zeros_like(index)).cummax(-1).values
+    first = torch.where(document_starts(documents), index, torch.zeros_like(index)).cummax(-1).values
     return index - first
+
+
+def document_lengths(documents: Tensor, positions: Tensor) -> Tensor:
+    """[b, n]: for each token, one more than the largest position id of its document, the length
+    the document has when it runs alone (for document ids [[0, 0, 0, 1, 1]] and positions
+    restarting per document, [[3, 3, 3, 2, 2]])."""
+    number = document_starts(documents).cumsum(-1) - 1  # each token's document, counted along the row
+    top = torch.zeros_like(positions).scatter_reduce(-1, number, positions, "amax")
+    return top.gather(-1, number) + 1
 
 
 def offsets(n: int, device: torch.device | None = None) -> Tensor:

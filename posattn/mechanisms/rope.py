@@ -40,7 +40,8 @@ transformers' ``ROPE_INIT_FUNCTIONS`` — inverse frequencies and attention fact
 
 ``dynamic`` and ``longrope`` depend on the current length, so a global shift of the positions can
 change them, and a decoding cache cannot keep keys rotated at a shorter length: such a layer
-recomputes its prefix instead of decoding incrementally.
+recomputes its prefix instead of decoding incrementally. In packed rows (``document_ids``) the
+current length is each document's own, as if it ran alone.
 """
 from __future__ import annotations
 
@@ -52,7 +53,7 @@ import torch
 from torch import Tensor, nn
 
 from ..errors import PositionError
-from .base import Context, Dims, Mechanism
+from .base import Context, Dims, Mechanism, document_lengths
 from .registry import register
 
 Scaling = Literal["none", "linear", "ntk", "dynamic", "yarn", "llama3", "longrope"]
@@ -160,8 +161,9 @@ def rotate(x: Tensor, cos: Tensor, sin: Tensor, rotated: int) -> Tensor:
 
 def tables(positions: Tensor, theta: Tensor, mscale: float, width: int,
            magnitude: Tensor | None = None) -> tuple[Tensor, Tensor]:
-    """The [b|1, 1, n, ``width``] tables of :func:`rotate` for ``positions`` [b|1, n], with the
-    rotated pairs scaled by ``mscale`` and by ``magnitude`` [b|1, n, r/2] (xPos) when given."""
+    """The [b|1, 1, n, ``width``] tables of :func:`rotate` for ``positions`` [b|1, n] and the
+    frequencies ``theta`` [r/2] (or per token, [b|1, 1, n, r/2]), with the rotated pairs scaled
+    by ``mscale`` and by ``magnitude`` [b|1, n, r/2] (xPos) when given."""
     ang = positions[:, None, :, None].to(theta.dtype) * theta
     cos, sin = ang.cos() * mscale, ang.sin() * mscale
     if magnitude is not None:
@@ -256,11 +258,19 @@ class RoPE(Mechanism):
         return {**options, "scaling": kind, "factor": factor, "original_max_len": trained_len}
 
     def frequencies(self, ctx: Context) -> tuple[Tensor, float]:
-        """θ and the magnitude factor for this forward pass: fixed, or from its length."""
+        """θ and the magnitude factor for this forward pass: fixed, or from its length. In packed
+        rows (``ctx.documents``) a length-dependent θ follows each token's document's own length,
+        as [b, 1, n, r/2] (the magnitude factor does not depend on the length)."""
         if self.scaling.kind not in LENGTH_DEPENDENT:
             return self.theta, self.mscale
-        theta, mscale = self.scaling.frequencies(self.rotated, self.base, int(ctx.positions.max()) + 1)
-        return theta.to(self.theta.device), mscale
+        if ctx.documents is None:
+            theta, mscale = self.scaling.frequencies(self.rotated, self.base, int(ctx.positions.max()) + 1)
+            return theta.to(self.theta.device), mscale
+        lengths = document_lengths(ctx.documents, ctx.positions)
+        distinct = lengths.unique()  # sorted
+        per_length = [self.scaling.frequencies(self.rotated, self.base, int(n)) for n in distinct]
+        table = torch.stack([theta for theta, _ in per_length]).to(self.theta.device)  # [lengths, r/2]
+        return table[torch.searchsorted(distinct, lengths)][:, None], per_length[0][1]
 
     def rotation(self, ctx: Context) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """cos and sin tables for q, then for k (the same ones unless xPos scales them apart)."""

@@ -9,7 +9,8 @@ its column (others → CLS), per head (on by default in encoders). ``relative_bi
 adds a T5 bucket bias, which (as in TUPE's code, where [CLS] gets its own buckets) does not
 reach the untied [CLS] row and column. p_i is read at the input's position ids. Low rank: untying
 adds two dimensions, u_i = [p_iU_Q·1{i>0}, 1{i=0}, 1{i>0}], v_j = [p_jU_K·1{j>0}, θ1, θ2·1{j=0}],
-and two more cancel the relative bias on row and column 0.
+and two more cancel the relative bias on row and column 0. In packed rows each document's first
+token is its [CLS].
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ import torch
 from torch import Tensor, nn
 
 from ..attention.terms import LowRank, Term
-from .base import Context, Dims, Mechanism, max_len_check
+from .base import Context, Dims, Mechanism, document_positions, max_len_check
 from .registry import register
 from .t5 import T5Bias
 
@@ -73,16 +74,19 @@ class TUPE(Mechanism):
         v = self.u_k(p).view(b, n, h, -1).transpose(1, 2)
         relative = self.relative.score_terms(q, k, ctx) if self.relative is not None else []
         if self.untie_cls:
-            first = torch.zeros(n, 1, device=q.device, dtype=u.dtype)
-            first[0] = 1.0
+            # each token's offset o from its [CLS]: the first token of the row, or of its document
+            o = torch.arange(n, device=q.device)[None] if ctx.documents is None else document_positions(ctx.documents)
+            first = (o == 0).to(u.dtype)[:, None, :, None]  # [b|1, 1, n, 1]
+            b = max(b, first.shape[0])
+            u, v = u.expand(b, -1, -1, -1), v.expand(b, -1, -1, -1)
             rest = 1.0 - first
             cls = first.expand(b, h, n, 1)
             u = torch.cat([u * rest, cls, rest.expand(b, h, n, 1)], -1)
             v = torch.cat([v * rest, self.theta[0][:, None, None].expand(b, h, n, 1),
                            self.theta[1][:, None, None] * cls], -1)
-            if relative:  # cancel b(j − 0) on row 0 and b(0 − i) on column 0
+            if relative:  # cancel b(j − c) on the [CLS] row c and b(c − i) on its column
                 table = relative[0].table.to(u.dtype)  # [h, 2n − 1], offset r at r + n − 1
-                row0, col0 = table[:, n - 1:], table[:, :n].flip(-1)  # b(j), b(−i)   [h, n]
-                u = torch.cat([u, cls, (-col0[None, :, :, None] * rest).expand(b, h, n, 1)], -1)
-                v = torch.cat([v, -row0[None, :, :, None].expand(b, h, n, 1), cls], -1)
+                row0, col0 = table[:, o + n - 1].transpose(0, 1), table[:, n - 1 - o].transpose(0, 1)  # [b|1, h, n]
+                u = torch.cat([u, cls, (-col0[..., None] * rest).expand(b, h, n, 1)], -1)
+                v = torch.cat([v, -row0[..., None].expand(b, h, n, 1), cls], -1)
         return [LowRank(u=u.to(q.dtype), v=v.to(q.dtype)), *relative]

@@ -5,6 +5,12 @@
 - :class:`Decoder`: causal; an LM head with tied embeddings; :meth:`Decoder.decode` continues a
   prefix from a key/value cache.
 Position enters only through the configured mechanisms (:mod:`posattn.mechanisms`).
+
+Packed sequences: every entry point takes ``document_ids`` ([b, n] long, non-decreasing along a
+row), the document of each token when several documents share a row. Positions then restart at 0
+at each document (:func:`~posattn.mechanisms.base.document_positions`, unless ``positions`` are
+given) and no token attends to another document: a packed batch gives the outputs and gradients
+of its documents run one by one.
 """
 from __future__ import annotations
 
@@ -20,6 +26,7 @@ from ..attention.layer import Attention
 from ..attention.terms import take_rows
 from ..errors import PositionError
 from ..mechanisms import Context, Dims, Mechanism, build
+from ..mechanisms.base import document_positions
 from .config import ModelConfig
 
 
@@ -63,6 +70,22 @@ class Block(nn.Module):
         return x
 
 
+def check_documents(document_ids: Tensor, shape: torch.Size) -> Tensor | None:
+    """The validated document ids (:attr:`Context.documents`), or None when every row is one
+    document (then nothing is packed and the model runs exactly as without them)."""
+    if not isinstance(document_ids, Tensor) or document_ids.dtype != torch.long or document_ids.shape != shape:
+        got = (f"{document_ids.dtype} of shape {tuple(document_ids.shape)}" if isinstance(document_ids, Tensor)
+               else type(document_ids).__name__)
+        raise PositionError(f"document_ids must be a LongTensor of the inputs' shape {tuple(shape)} (the document "
+                            f"of each token of a packed row), got {got}")
+    if torch.compiler.is_compiling():  # host syncs: they would split a compiled step in two
+        return document_ids
+    if bool((document_ids[:, 1:] < document_ids[:, :-1]).any()):
+        raise PositionError("document_ids must be non-decreasing along each row (each document one contiguous "
+                            "run of tokens)")
+    return None if bool((document_ids == document_ids[:, :1]).all()) else document_ids
+
+
 def scored_rows(scored: Tensor, shape: torch.Size) -> tuple[Tensor, Tensor]:
     """The positions of the True entries of ``scored`` (bool [b, n]) as rows [b, m] in ascending
     order, m the most in one batch row (shorter rows padded with unscored positions), and which
@@ -103,7 +126,7 @@ class Transformer(nn.Module):
         return list(seen.values())
 
     def context(self, input_ids: Tensor, segment_ids: Tensor | None, attention_mask: Tensor | None,
-                positions: Tensor | None) -> Context:
+                positions: Tensor | None, document_ids: Tensor | None = None) -> Context:
         """Validate the inputs and build the shared per-forward context."""
         if not isinstance(input_ids, Tensor) or input_ids.dim() != 2 or input_ids.dtype != torch.long:
             raise PositionError("input_ids must be a LongTensor of shape [batch, length]")
@@ -126,13 +149,16 @@ class Transformer(nn.Module):
             segment_ids = torch.zeros_like(input_ids)
         elif segment_ids.shape != (b, n) or segment_ids.dtype != torch.long or int(segment_ids.min()) < 0:
             raise PositionError(f"segment_ids must be a non-negative LongTensor of shape {(b, n)}")
-        if positions is None:
+        documents = None if document_ids is None else check_documents(document_ids, input_ids.shape)
+        if positions is None and documents is not None:
+            positions = document_positions(documents)
+        elif positions is None:
             positions = torch.arange(n, device=input_ids.device).expand(b, n)
         elif positions.shape != (b, n):
             raise PositionError(f"positions has shape {tuple(positions.shape)}, expected {(b, n)}")
         elif positions.dtype != torch.long or int(positions.min()) < 0:
             raise PositionError("positions must be a non-negative LongTensor of position ids")
-        ctx = Context(positions=positions, segments=segment_ids, keep=keep, causal=self.causal)
+        ctx = Context(positions=positions, segments=segment_ids, keep=keep, causal=self.causal, documents=documents)
         for m in self.mechanisms():
             m.check(ctx)
         return ctx
@@ -145,11 +171,12 @@ class Transformer(nn.Module):
 
     def hidden(self, input_ids: Tensor, segment_ids: Tensor | None = None,
                attention_mask: Tensor | None = None, positions: Tensor | None = None,
-               scored: Tensor | None = None) -> Tensor:
+               scored: Tensor | None = None, document_ids: Tensor | None = None) -> Tensor:
         """Final hidden states [b, n, d_model]; with ``scored`` (bool [b, n]) only those rows,
         [k, d_model], as ``hidden(...)[scored]``: the last block computes only the rows it
-        returns (a loss that reads 1 of 128 positions pays for one query row there)."""
-        ctx = self.context(input_ids, segment_ids, attention_mask, positions)
+        returns (a loss that reads 1 of 128 positions pays for one query row there).
+        ``document_ids`` ([b, n] long): packed rows (the module docstring)."""
+        ctx = self.context(input_ids, segment_ids, attention_mask, positions, document_ids)
         x = self.embed(input_ids, ctx)
         rows, valid = (None, None) if scored is None else scored_rows(scored, input_ids.shape)
         for i, block in enumerate(self.blocks):
@@ -159,9 +186,9 @@ class Transformer(nn.Module):
 
     @torch.no_grad()
     def score_matrices(self, input_ids: Tensor, segment_ids: Tensor | None = None,
-                       attention_mask: Tensor | None = None) -> list[Tensor]:
+                       attention_mask: Tensor | None = None, document_ids: Tensor | None = None) -> list[Tensor]:
         """Pre-softmax attention scores [b, h, n, n] of every layer, position terms included."""
-        ctx = self.context(input_ids, segment_ids, attention_mask, None)
+        ctx = self.context(input_ids, segment_ids, attention_mask, None, document_ids)
         x = self.embed(input_ids, ctx)
         out = []
         for block in self.blocks:
@@ -189,16 +216,18 @@ class Decoder(Transformer):
         init_linear(self, cfg.init_std)
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None,
-                positions: Tensor | None = None, scored: Tensor | None = None) -> Tensor:
+                positions: Tensor | None = None, scored: Tensor | None = None,
+                document_ids: Tensor | None = None) -> Tensor:
         """Logits [b, n, vocab]; with ``scored`` (bool [b, n]) only those rows, [k, vocab], as
         ``logits[scored]`` but without the vocabulary product, or the last layer's work, at the
-        other positions (:meth:`hidden`)."""
-        return self.logits(self.hidden(input_ids, None, attention_mask, positions, scored))
+        other positions (:meth:`hidden`); ``document_ids``: packed rows (the module docstring)."""
+        return self.logits(self.hidden(input_ids, None, attention_mask, positions, scored, document_ids))
 
     def decode(self, input_ids: Tensor, cache: Cache) -> Tensor:
         """Logits [b, m, vocab] of ``input_ids`` [b, m] continuing the prefix held in ``cache``
         (updated in place; start with an empty :class:`~posattn.attention.decode.KVCache`): the
-        last m rows of ``self(prefix + input_ids)``, at O(prefix) cost per new token.
+        last m rows of ``self(prefix + input_ids)``, at O(prefix) cost per new token. Each row
+        continues one document: a cache takes no packed rows (``document_ids``).
         PositionError naming the mechanisms that cannot decode incrementally."""
         blocked = blockers(self.mechanisms())
         if blocked:
@@ -237,23 +266,34 @@ class Encoder(Transformer):
 
     def forward(self, input_ids: Tensor, segment_ids: Tensor | None = None,
                 attention_mask: Tensor | None = None, positions: Tensor | None = None,
-                scored: Tensor | None = None) -> Tensor:
-        """Hidden states [b, n, d_model], or [k, d_model] at the ``scored`` rows (:meth:`hidden`)."""
-        return self.hidden(input_ids, segment_ids, attention_mask, positions, scored)
+                scored: Tensor | None = None, document_ids: Tensor | None = None) -> Tensor:
+        """Hidden states [b, n, d_model], or [k, d_model] at the ``scored`` rows (:meth:`hidden`);
+        ``document_ids``: packed rows (the module docstring)."""
+        return self.hidden(input_ids, segment_ids, attention_mask, positions, scored, document_ids)
 
     def mlm_logits(self, h: Tensor) -> Tensor:
         """Masked-LM logits [b, n, vocab] (BERT head, decoder tied to the token embeddings)."""
         return self.logits(self.mlm_transform(h)) + self.mlm_bias
 
     def classify(self, input_ids: Tensor, segment_ids: Tensor | None = None,
-                 attention_mask: Tensor | None = None, positions: Tensor | None = None) -> Tensor:
+                 attention_mask: Tensor | None = None, positions: Tensor | None = None,
+                 document_ids: Tensor | None = None) -> Tensor:
         """Sequence logits [b, n_classes] from the first token (BERT's [CLS] pooling):
-        ``classifier(pooler(hidden(...)[:, 0]))``, with the last block computing only that row."""
+        ``classifier(pooler(hidden(...)[:, 0]))``, with the last block computing only that row.
+        With ``document_ids`` (packed rows) one row of logits per document, [D, n_classes], from
+        each document's first token, in row-major order (a document that starts on padding is
+        none)."""
         if not self.cfg.n_classes:
             raise PositionError("classify: this encoder was built with n_classes = 0")
         first = torch.zeros_like(input_ids, dtype=torch.bool)
         first[:, 0] = True
-        return self.classifier(self.pooler(self.hidden(input_ids, segment_ids, attention_mask, positions, first)))
+        if document_ids is not None:
+            check_documents(document_ids, input_ids.shape)
+            first[:, 1:] = document_ids[:, 1:] != document_ids[:, :-1]
+            if attention_mask is not None and attention_mask.shape == input_ids.shape:  # else hidden refuses it
+                first &= attention_mask.bool()
+        return self.classifier(self.pooler(self.hidden(input_ids, segment_ids, attention_mask, positions, first,
+                                                       document_ids)))
 
 
 MODEL_KINDS: dict[str, type[Transformer]] = {"encoder": Encoder, "decoder": Decoder}
