@@ -17,12 +17,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-
-def document_starts(documents: Tensor) -> Tensor:
-    """[b, n] bool: True where a document begins (every row's first token)."""
-    starts = torch.ones_like(documents, dtype=torch.bool)
-    starts[:, 1:] = documents[:, 1:] != documents[:, :-1]
-    return starts
+from .base import document_starts
 
 
 def document_rank(documents: Tensor) -> Tensor:
