@@ -23,7 +23,7 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from ..attention.terms import Dense, LowRank, Term
-from .base import Context, Dims, Mechanism, Structure
+from .base import Context, Dims, Mechanism, Structure, document_positions
 from .registry import register
 
 
@@ -52,16 +52,25 @@ class ForgettingGate(Mechanism):
         nn.init.constant_(self.gates.bias, bias_init)
         self.post_log_scale = post_log_scale
 
-    def cumulative_log_gates(self, x: Tensor) -> Tensor:
+    def cumulative_log_gates(self, x: Tensor, documents: Tensor | None = None) -> Tensor:
         """c [b, sides·H, n]: the cumulative sums of the scaled log forget gates (summed in at
-        least float32: under bf16 autocast a long sum would lose the small per-token decays)."""
+        least float32: under bf16 autocast a long sum would lose the small per-token decays).
+        In packed rows (``documents``) the sums restart at each document, as if it ran alone
+        (summed in float64 before the earlier documents' total is taken off, so no precision is
+        lost to them)."""
         z = self.gates(x)
         z = z.float() if z.dtype in (torch.float16, torch.bfloat16) else z
-        return (F.logsigmoid(z) * self.post_log_scale).cumsum(1).transpose(1, 2)
+        logs = F.logsigmoid(z) * self.post_log_scale
+        if documents is None:
+            return logs.cumsum(1).transpose(1, 2)
+        c = logs.double().cumsum(1)
+        start = torch.arange(x.shape[1], device=x.device) - document_positions(documents)  # [b, n]
+        before = c.gather(1, (start - 1).clamp(min=0)[..., None].expand_as(c)) * (start > 0)[..., None]
+        return (c - before).to(logs.dtype).transpose(1, 2)
 
     def score_terms(self, q: Tensor, k: Tensor, ctx: Context) -> list[Term]:
         assert ctx.x is not None, "the attention layer sets the layer input ctx.x"
-        c = self.cumulative_log_gates(ctx.x).to(q.dtype)
+        c = self.cumulative_log_gates(ctx.x, ctx.documents).to(q.dtype)
         h = self.dims.n_heads
         past, future = c[:, :h], c[:, h:]
         if ctx.causal:

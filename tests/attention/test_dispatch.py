@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from posattn.attention import fast, native, reference, terms
-from posattn.attention.dispatch import HANDLES, Path
+from posattn.attention.dispatch import HANDLES, TAKES_DOCUMENTS, Path
 from posattn.errors import PositionError
 
 B, H, N, D, W = 2, 2, 24, 8, 3
@@ -90,3 +90,59 @@ def test_attend_runs_the_planned_path_with_scale() -> None:
         want = reference.attend(q, k, v, [term], None, True)
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
     assert math.isclose(float(got.abs().sum()), float(want.abs().sum()), rel_tol=1e-5)
+
+
+def packed(b: int = B, n: int = N) -> torch.Tensor:
+    """Document ids [b, n]: row 0 three documents of unequal lengths, row 1 two."""
+    docs = torch.zeros(b, n, dtype=torch.long)
+    docs[0, 5:] = 1
+    docs[0, 14:] = 2
+    docs[1, 9:] = 4
+    return docs
+
+
+@pytest.mark.parametrize("path", get_args(Path))
+def test_each_path_honours_documents_or_refuses_them(path: str) -> None:
+    """Packed rows: a path whose mask hides other documents' keys equals the reference path;
+    the others refuse them by name instead of attending across documents."""
+    kind = terms.LowRank if path == "sdpa" else terms.Toeplitz
+    q, k, v, term = example(kind)
+    docs = packed()
+    if path not in TAKES_DOCUMENTS:
+        with pytest.raises(PositionError, match=f"the {path} attention path cannot hide the keys of another document"):
+            fast.run(path, q, k, v, [term], None, False, documents=docs)
+        return
+    if path == "flex":
+        pytest.skip("FlexAttention's numbers: tests/attention/test_flex.py (documents)")
+    for causal in (False, True):
+        with torch.no_grad():
+            got = fast.run(path, q, k, v, [term], None, causal, documents=docs)
+            want = reference.attend(q, k, v, [term], None, causal, documents=docs)
+            alone = reference.attend(q[:1, :, 5:14], k[:1, :, 5:14], v[:1, :, 5:14],
+                                     [kind(*[t[..., 5:14, :] if kind is terms.LowRank else t[:, N - 9:N + 8]
+                                             for t in term.tensors()])], None, causal)
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(want[:1, :, 5:14], alone, atol=1e-5, rtol=1e-5)  # row 0's second document
+
+
+@pytest.mark.parametrize("force", [None, *get_args(Path)])
+@pytest.mark.parametrize("kind", [terms.Toeplitz, terms.QueryRelative, terms.LowRank, terms.RowNormalised,
+                                  terms.ScoreTransform], ids=lambda c: c.__name__)
+def test_attend_with_documents_equals_reference_whatever_the_policy(kind: type[terms.Term], force: str | None) -> None:
+    """fast.attend plans only paths that take the document mask, whatever the policy forces:
+    outputs and gradients equal the reference path, with padding, encoder and decoder."""
+    q, k, v, term = example(kind, seed=2)
+    q.requires_grad_(True)
+    docs = packed()
+    keep = torch.ones(B, N, dtype=torch.bool)
+    keep[1, -3:] = False
+    policy = fast.Policy(force=force, dense_max_n=4, dense_grad_max_n=4, fused_grad_max_n=4, band_min_n=8)
+    for causal in (False, True):
+        got = fast.attend(q, k, v, [term], keep, causal, documents=docs, policy=policy)
+        assert fast.plan(q, [term], causal, policy=policy, keep=keep, documents=docs) in TAKES_DOCUMENTS
+        want = reference.attend(q, k, v, [term], keep, causal, documents=docs)
+        w = torch.randn(got.shape, generator=torch.Generator().manual_seed(3)) * keep[:, None, :, None]
+        (g_got,) = torch.autograd.grad((got * w).sum(), q)
+        (g_want,) = torch.autograd.grad((want * w).sum(), q)
+        torch.testing.assert_close(got * keep[:, None, :, None], want * keep[:, None, :, None], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(g_got, g_want, atol=1e-5, rtol=1e-5)

@@ -32,11 +32,11 @@ def every_kind(n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Ten
 
 
 def flex(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, terms: list[Term], keep: torch.Tensor | None,
-         causal: bool) -> torch.Tensor:
+         causal: bool, documents: torch.Tensor | None = None) -> torch.Tensor:
     low = [t for t in terms if isinstance(t, LowRank)]
     rest = [t for t in terms if not isinstance(t, LowRank)]
     with torch.no_grad():
-        return flex_attend(q, k, v, low, rest, keep, causal, 1 / math.sqrt(D))
+        return flex_attend(q, k, v, low, rest, keep, causal, 1 / math.sqrt(D), documents)
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["encoder", "decoder"])
@@ -63,3 +63,22 @@ def test_lengths_in_one_block_share_one_compiled_kernel() -> None:
         got = flex(q, k, v, terms, None, False)
         assert torch.allclose(got, reference.attend(q, k, v, terms, None, False), atol=2e-5)
     assert counters["stats"]["unique_graphs"] == before, "a new length recompiled FlexAttention"
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["encoder", "decoder"])
+def test_flex_hides_other_documents_of_packed_rows(causal: bool) -> None:
+    n = BLOCK - 28
+    q, k, v, terms = every_kind(n, seed=2)
+    docs = torch.zeros(B, n, dtype=torch.long)
+    docs[0, 30:] = 1
+    docs[0, 61:] = 2
+    docs[1, 45:] = 1
+    keep = torch.ones(B, n, dtype=torch.bool)
+    keep[1, n - 5:] = False
+    for mask in (keep, None):
+        want = reference.attend(q, k, v, terms, mask, causal, documents=docs)
+        got = flex(q, k, v, terms, mask, causal, docs)
+        real = mask if mask is not None else torch.ones(B, n, dtype=torch.bool)
+        err = (got - want).permute(0, 2, 1, 3)[real].abs().max().item()
+        assert err < 2e-5, f"mask {'given' if mask is not None else 'none'}: max error {err:.1e}"
+    assert (want - reference.attend(q, k, v, terms, None, causal)).abs().max() > 1e-2  # the documents matter
