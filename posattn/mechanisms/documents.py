@@ -61,13 +61,25 @@ class DocumentSlots:
 
     def place(self, t: Tensor, dim: int) -> Tensor:
         """Tokens along ``dim`` (the batch is dim 0) -> slots, zeros in empty slots."""
+        if dim == 1 and t.is_contiguous():  # whole rows of [b·n, …]: one copy each way, no index tensor
+            b, n = self.slot.shape
+            rows = t.new_zeros((b * self.size,) + t.shape[2:])
+            return rows.index_copy(0, self._flat(self.slot, self.size), t.flatten(0, 1)).unflatten(0, (b, self.size))
         idx = self._index(self.token, t, dim)
         mask = self._index(self.filled, t, dim, expand=False).to(t.dtype)
         return t.gather(dim, idx) * mask
 
     def take(self, t: Tensor, dim: int) -> Tensor:
         """Slots along ``dim`` -> the tokens' own slots."""
+        if dim == 1 and t.is_contiguous():
+            b, n = self.slot.shape
+            return t.flatten(0, 1).index_select(0, self._flat(self.slot, self.size)).unflatten(0, (b, n))
         return t.gather(dim, self._index(self.slot, t, dim))
+
+    @staticmethod
+    def _flat(idx: Tensor, width: int) -> Tensor:
+        """Row r's index i -> r·width + i, flattened."""
+        return (idx + torch.arange(idx.shape[0], device=idx.device)[:, None] * width).flatten()
 
     @staticmethod
     def _index(idx: Tensor, t: Tensor, dim: int, expand: bool = True) -> Tensor:

@@ -125,10 +125,11 @@ def _causal_documents(fq: Tensor, fk: Tensor, v: Tensor, chunk: int, documents: 
     new = torch.ones_like(head, dtype=torch.bool)
     new[:, 1:] = head[:, 1:] != head[:, :-1]
     begun = torch.where(new, (index - 1).clamp_min(0), torch.zeros_like(index)).cummax(-1).values
-    acc_kv, acc_z = kv.cumsum(2) - kv, z.cumsum(2) - z
+    # in float64: the earlier documents' total taken off a running sum must not swamp a short one
+    acc_kv, acc_z = (t.double().cumsum(2) - t.double() for t in (kv, z))
     at = begun[:, None, :]
-    before_kv = acc_kv - acc_kv.gather(2, at[..., None, None].expand_as(acc_kv))
-    before_z = acc_z - acc_z.gather(2, at[..., None].expand_as(acc_z))
+    before_kv = (acc_kv - acc_kv.gather(2, at[..., None, None].expand_as(acc_kv))).to(kv.dtype)
+    before_z = (acc_z - acc_z.gather(2, at[..., None].expand_as(acc_z))).to(z.dtype)
     first = (docs == head[:, :, None])[:, None, :, :, None].to(fq.dtype)  # queries of the open document
     num = inner @ v + first * (fq @ before_kv)
     den = inner.sum(-1) + first[..., 0] * (fq @ before_z.unsqueeze(-1)).squeeze(-1)
