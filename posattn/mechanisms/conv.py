@@ -11,6 +11,11 @@ Four exact algorithms, picked by kernel length and input (:func:`conv_method`; C
 shift-and-add in [b, n, C] for the shortest kernels (no transposes), grouped ``Conv1d`` for short
 and medium ones; FFT for long filters in any case (O(n log n) instead of O(n·K); equal to the
 direct sum up to floating-point rounding).
+
+In a packed row (``documents``) x is also 0 outside token t's own document: each document is
+convolved as if it ran alone. The tokens are placed apart with enough zero slots between
+documents that no tap reaches the next one (:class:`~.documents.DocumentSlots`), so every
+algorithm above serves packed rows unchanged.
 """
 from __future__ import annotations
 
@@ -23,6 +28,7 @@ from torch import Tensor
 
 from ..attention import native
 from ..errors import PositionError
+from .documents import DocumentSlots
 
 Method = Literal["shift", "conv1d", "fft", "native"]
 SHIFT_MAX = 4  # kernels up to this length: shift-and-add
@@ -133,8 +139,10 @@ METHODS: dict[str, Callable[[Tensor, Tensor, int], Tensor]] = {
     "shift": conv_shift, "conv1d": conv_direct, "fft": conv_fft, "native": conv_native}
 
 
-def depthwise_conv1d(x: Tensor, weight: Tensor, causal: bool, keep: Tensor | None = None) -> Tensor:
-    """Convolve x [b, n, C] along n; padded positions (keep False) are zeroed first."""
+def depthwise_conv1d(x: Tensor, weight: Tensor, causal: bool, keep: Tensor | None = None,
+                     documents: Tensor | None = None) -> Tensor:
+    """Convolve x [b, n, C] along n; padded positions (keep False) are zeroed first; with
+    ``documents`` ([b, n] ids of a packed row) no tap reads across a document boundary."""
     c, k = x.shape[-1], weight.shape[-1]
     if not causal and k % 2 == 0:
         raise PositionError(f"a centered convolution needs an odd kernel size, got {k}")
@@ -142,7 +150,11 @@ def depthwise_conv1d(x: Tensor, weight: Tensor, causal: bool, keep: Tensor | Non
         x = x * keep[..., None].to(x.dtype)
     w = (weight.expand(c, k) if weight.dim() == 1 else weight).to(x.dtype)
     left = k - 1 if causal else (k - 1) // 2
-    return METHODS[conv_method(k, x)](x, w, left)
+    if documents is None:
+        return METHODS[conv_method(k, x)](x, w, left)
+    slots = DocumentSlots.build(documents, x.shape[1], x.shape[0], x.device, gap=max(left, k - 1 - left))
+    spread = slots.place(x, 1)
+    return slots.take(METHODS[conv_method(k, spread)](spread, w, left), 1)
 
 
 def heads_to_channels(t: Tensor) -> Tensor:

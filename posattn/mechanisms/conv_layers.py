@@ -76,7 +76,7 @@ class DepthwiseConv(Mechanism):
         return True
 
     def transform_output(self, o: Tensor, v: Tensor, ctx: Context) -> Tensor:
-        conv = depthwise_conv1d(heads_to_channels(v), self.weight, ctx.causal, ctx.keep)
+        conv = depthwise_conv1d(heads_to_channels(v), self.weight, ctx.causal, ctx.keep, ctx.documents)
         return o + channels_to_heads(conv, self.dims.n_heads)
 
     def position_structures(self, n: int, ctx: Context) -> list[Structure]:
@@ -127,7 +127,7 @@ class ConvQKV(Mechanism):
         out = {"q": q, "k": k, "v": v}
         c, h = self.n_conv, self.dims.n_heads
         for t in self.targets:  # the linear heads: all h − c of them when the layer skipped the rest
-            conv = self.pointwise[t](depthwise_conv1d(ctx.x, self.depthwise[t], ctx.causal, ctx.keep))
+            conv = self.pointwise[t](depthwise_conv1d(ctx.x, self.depthwise[t], ctx.causal, ctx.keep, ctx.documents))
             out[t] = torch.cat([out[t][:, : h - c], channels_to_heads(conv, c).to(q.dtype)], 1)
         return out["q"], out["k"], out["v"]
 
@@ -182,7 +182,7 @@ class CAT(Mechanism):
         out = {"q": q, "k": k, "v": v}
         h = self.dims.n_heads
         for t in self.targets:
-            conv = depthwise_conv1d(heads_to_channels(out[t]), self.filters[t], ctx.causal, ctx.keep)
+            conv = depthwise_conv1d(heads_to_channels(out[t]), self.filters[t], ctx.causal, ctx.keep, ctx.documents)
             out[t] = channels_to_heads(conv, h)
         if self.qk_norm:
             out["q"] = nn.functional.normalize(out["q"], dim=-1) * self.log_temperature.exp()

@@ -16,7 +16,8 @@ both convolutions are causal (the last K positions). The first d/2 channels' cou
 and k for the convolution half (the other d/2 channels of q and k) are unused and get no
 gradient. HF's ``num_groups`` belongs to ConvBERT's grouped feed-forward layer, not to the
 mixer, so it is not an option here. Padded positions are zeroed before both convolutions (HF
-leaves them in; equal without padding).
+leaves them in; equal without padding). In a packed row (``ctx.documents``) both
+convolutions read zeros outside the token's own document, as at the sequence's edges.
 """
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ from ..errors import PositionError
 from .base import Context, Dims, Mechanism, Softmax
 from .conv import channels_to_heads, depthwise_conv1d, heads_to_channels
 from .conv_layers import taps
+from .documents import DocumentSlots
 from .registry import register
 
 
@@ -75,10 +77,16 @@ class ConvBERT(Mechanism):
         half, heads, kk = self.half, self.heads, self.kernel_size
         q_a, k_a, v_all = heads_to_channels(q)[..., :half], heads_to_channels(k)[..., :half], heads_to_channels(v)
         attn = softmax(*(channels_to_heads(t, heads) for t in (q_a, k_a, v_all[..., :half])))
-        key_conv = self.pointwise(depthwise_conv1d(ctx.x, self.depthwise, ctx.causal, ctx.keep))
+        key_conv = self.pointwise(depthwise_conv1d(ctx.x, self.depthwise, ctx.causal, ctx.keep, ctx.documents))
         kappa = self.span_kernel(key_conv.to(q.dtype) * q_a).view(b, n, heads, kk).softmax(-1)
         u = v_all[..., half:] if keep is None else v_all[..., half:] * keep
         left = kk - 1 if ctx.causal else (kk - 1) // 2
+        slots = None
+        if ctx.documents is not None:  # documents apart, zeros between: no span crosses a boundary
+            slots = DocumentSlots.build(ctx.documents, n, b, u.device, gap=max(left, kk - 1 - left))
+            u = slots.place(u, 1)
         spans = F.pad(u, (0, 0, left, kk - 1 - left)).unfold(1, kk, 1)  # [b, n, d/2, K]
+        if slots is not None:
+            spans = slots.take(spans, 1)
         conv = torch.einsum("bnhcm,bnhm->bnhc", spans.reshape(b, n, heads, half // heads, kk), kappa)
         return channels_to_heads(torch.cat([heads_to_channels(attn), conv.reshape(b, n, half)], -1), h)

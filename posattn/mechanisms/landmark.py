@@ -25,6 +25,10 @@ Attention dropout (the layer's ``dropout``) drops the probabilities over the can
 two paths lay those out differently ([N', N'] against [N', (top_k + 1)·B]), so they draw
 different masks and agree only without dropout.
 
+Packed rows (``ctx.documents``, positions restarting at each document): each document starts a
+fresh block (:class:`Slots`) and a query's candidate blocks are those of its own document, so
+every document is handled exactly as if it ran alone.
+
 Paths: ``reference`` materialises the same selection as a dense n×n mask (and bias) and runs
 one softmax over it; ``fast`` sorts the (query, chosen block) pairs by block so that each
 block's keys and values serve all the queries that chose it in one matmul: O(n·(L/B +
@@ -42,8 +46,9 @@ from ..attention.dropout import dropout
 from ..attention.reference import weighted_values
 from ..attention.terms import Term
 from ..errors import PositionError
-from .base import Context, Dims, Softmax
+from .base import Context, Dims, Softmax, document_positions
 from .conv_layers import CAT
+from .documents import DocumentSlots, document_rank
 from .registry import register
 
 Selection = Literal["hard", "soft"]
@@ -55,27 +60,31 @@ def default_block(max_len: int) -> int:
 
 
 class Slots:
-    """Tokens placed in block-aligned slots: token i of row r sits at slot i + s_r, s_r =
-    position_{r,0} mod B; ``real`` marks slots holding a real (non-padding) token."""
+    """Tokens placed in block-aligned slots (:class:`~.documents.DocumentSlots`): a document whose
+    first position is p starts at slot p mod B of a fresh block, so its blocks are runs of B
+    positions as if it ran alone; ``real`` marks slots holding a real (non-padding) token and
+    ``doc`` the document rank of each slot (−1 where empty). Without ``documents`` a row is one
+    document: token i of row r sits at slot i + (position_{r,0} mod B)."""
 
-    def __init__(self, positions: Tensor, keep: Tensor | None, block: int) -> None:
-        b, n = positions.shape
-        self.shift = positions[:, 0] % block  # [b]
-        self.size = -(-(n + int(self.shift.max())) // block) * block
-        self.token = torch.arange(self.size, device=positions.device) - self.shift[:, None]  # [b, N']
-        inside = (self.token >= 0) & (self.token < n)
-        real = inside if keep is None else inside & keep.gather(1, self.token.clamp(0, n - 1))
-        self.real, self.n, self.block = real, n, block
+    def __init__(self, positions: Tensor, keep: Tensor | None, block: int, documents: Tensor | None = None) -> None:
+        b, n = max(t.shape[0] for t in (positions, keep, documents) if t is not None), positions.shape[1]
+        positions = positions.expand(b, n)
+        self.layout = DocumentSlots.build(documents, n, b, positions.device, block=block, lead=positions % block)
+        self.size = self.layout.size
+        filled = self.layout.filled
+        self.real = filled if keep is None else filled & keep.gather(1, self.layout.token)
+        rank = torch.zeros_like(positions) if documents is None else document_rank(documents)
+        self.doc = torch.full((b, self.size), -1, dtype=torch.long, device=positions.device).scatter_(
+            1, self.layout.slot, rank)
+        self.block = block
 
     def place(self, t: Tensor) -> Tensor:
         """[b, h, n, d] -> [b, h, N', d], zeros in empty slots."""
-        idx = self.token.clamp(0, self.n - 1)[:, None, :, None].expand(-1, t.shape[1], -1, t.shape[-1])
-        return t.gather(2, idx) * self.real[:, None, :, None].to(t.dtype)
+        return self.layout.place(t, 2) * self.real[:, None, :, None].to(t.dtype)
 
     def take(self, t: Tensor) -> Tensor:
         """[b, h, N', d] -> [b, h, n, d], the slots of the tokens."""
-        idx = (torch.arange(self.n, device=t.device) + self.shift[:, None])[:, None, :, None]
-        return t.gather(2, idx.expand(-1, t.shape[1], -1, t.shape[-1]))
+        return self.layout.take(t, 2)
 
 
 @register("landmark_cat")
@@ -121,9 +130,14 @@ class LandmarkCAT(CAT):
 
     def check(self, ctx: Context) -> None:
         pos = ctx.positions
-        if not torch.equal(pos, pos[:, :1] + torch.arange(pos.shape[1], device=pos.device)):
-            raise self.fail("blocks are runs of consecutive positions; give each row consecutive "
-                            "position ids")
+        if ctx.documents is None:
+            steps = torch.arange(pos.shape[1], device=pos.device).expand_as(pos)
+        else:
+            steps = document_positions(ctx.documents)
+        index = torch.arange(pos.shape[1], device=pos.device).expand_as(pos)
+        if not torch.equal(pos, pos.gather(1, index - steps) + steps):
+            raise self.fail("blocks are runs of consecutive positions; give each row (each document "
+                            "of a packed row) consecutive position ids")
 
     def select(self, q: Tensor, k: Tensor, slots: Slots, causal: bool) -> tuple[Tensor, Tensor, Tensor]:
         """Landmark scores [b, h, N', nb], chosen blocks [b, h, N', top_k] and whether each
@@ -135,14 +149,16 @@ class LandmarkCAT(CAT):
         own = torch.arange(size, device=q.device) // blk
         other = torch.arange(nb, device=q.device)
         cand = other[None, :] < own[:, None] if causal else other[None, :] != own[:, None]  # [N', nb]
-        cand = cand & slots.real.view(b, 1, nb, blk).any(-1)[:, :, None, :]  # [b, 1, N', nb]
+        cand = cand & slots.real.view(-1, 1, nb, blk).any(-1)[:, :, None, :]  # [b, 1, N', nb]
+        block_doc = slots.doc.view(-1, nb, blk).amax(-1)  # every block lies in one document
+        cand = cand & (slots.doc[:, :, None] == block_doc[:, None, :])[:, None]  # a block of the query's own
         masked = scores.masked_fill(~cand, float("-inf"))
         top = masked.topk(min(self.top_k, nb), dim=-1)
         return scores, top.indices, top.values > float("-inf")
 
     def mix(self, q: Tensor, k: Tensor, v: Tensor, terms: list[Term], ctx: Context,
             softmax: Softmax) -> Tensor:
-        slots = Slots(ctx.positions, ctx.keep, self.block)
+        slots = Slots(ctx.positions, ctx.keep, self.block, ctx.documents)
         qs, ks, vs = slots.place(q), slots.place(k), slots.place(v)
         scores, chosen, ok = self.select(qs, ks, slots, ctx.causal)
         attend = self.dense if softmax.path == "reference" else self.grouped
@@ -186,7 +202,7 @@ class LandmarkCAT(CAT):
         groups = [(g, part) for g, part in enumerate(q_sorted.split(counts)) if part.shape[0]]
         s_sorted = torch.cat([part @ kb[g].T for g, part in groups])  # [pairs, B]
         s_sel = s_sorted.index_select(0, unsort).view(b, h, size, kk * blk) / math.sqrt(d)
-        real = slots.real.view(b, 1, nb, blk)
+        real = slots.real.view(-1, 1, nb, blk)
         picked_real = real.expand(b, h, nb, blk).reshape(bh * nb, blk).index_select(0, key)
         keep_sel = picked_real.view(b, h, size, kk, blk) & ok[..., None]
         if self.selection == "soft":

@@ -13,6 +13,11 @@ mixes the whole sequence into each projected key, so it cannot be causal. DIET-A
 are per head, rank ``rank`` (default d_h), per layer (shared by every layer with
 ``sharing="layer"``): a position-only term added to the n×k scores. Attention dropout drops
 the n×k probabilities with posattn's masks (:mod:`posattn.attention.dropout`).
+
+In a packed row (``ctx.documents``, positions restarting at each document) each of the row's
+D documents is projected on its own, E K_doc with the columns at its own positions, and a
+query attends only to its document's k projected keys: exactly Linformer run on each document
+alone, at O(n·D·k) cost.
 """
 from __future__ import annotations
 
@@ -27,6 +32,7 @@ from ..attention.reference import weighted_values
 from ..attention.terms import Term
 from ..errors import PositionError
 from .base import Context, Dims, Mechanism, Softmax, max_len_check
+from .documents import document_rank
 from .registry import register
 
 Sharing = Literal["none", "head", "kv", "layer"]
@@ -77,11 +83,16 @@ class Linformer(Mechanism):
         max_len_check(self, int(ctx.positions.max()) + 1, self.dims.max_len)
 
     def project(self, t: Tensor, proj: Tensor, ctx: Context) -> Tensor:
-        """(E T) per head: [b, h, k, d] from T [b, h, n, d] and the columns at the position ids."""
+        """(E T) per head: [b, h, k, d] from T [b, h, n, d] and the columns at the position ids;
+        in a packed row one projection per document, [b, h, D·k, d] (document-major)."""
         cols = proj[:, :, ctx.positions].permute(2, 0, 1, 3).to(t.dtype)  # [b, heads, k, n]
         if ctx.keep is not None:
             t = t * ctx.keep[:, None, :, None].to(t.dtype)
-        return cols @ t
+        if ctx.documents is None:
+            return cols @ t
+        onehot = F.one_hot(document_rank(ctx.documents)).to(t.dtype)  # [b, n, D]
+        per_doc = cols[:, :, None] * onehot.transpose(1, 2)[:, None, :, None, :]  # [b, heads, D, k, n]
+        return (per_doc @ t[:, :, None]).flatten(2, 3)
 
     def bias(self, ctx: Context, dtype: torch.dtype) -> Tensor | None:
         """An additive [b|1, h|1, n, k] score term; none for plain Linformer."""
@@ -91,10 +102,18 @@ class Linformer(Mechanism):
             softmax: Softmax) -> Tensor:
         kp = self.project(k, self.e, ctx)
         vp = self.project(v, self.e if self.f is None else self.f, ctx)
-        bias = self.bias(ctx, q.dtype)
+        bias, ok = self.bias(ctx, q.dtype), None
+        if ctx.documents is not None:  # each query sees only its own document's k projected keys
+            rank = document_rank(ctx.documents)
+            ok = (rank[:, None, :, None] == torch.arange(kp.shape[-2] // self.k, device=q.device)
+                  .repeat_interleave(self.k))
+            bias = None if bias is None else bias.repeat(1, 1, 1, kp.shape[-2] // self.k)
         if softmax.training and softmax.dropout > 0:  # posattn's dropout masks (attention/dropout.py)
             s = q @ kp.transpose(-1, -2) / math.sqrt(q.shape[-1])
-            return weighted_values(s if bias is None else s + bias, None, vp, softmax.dropout, True)
+            return weighted_values(s if bias is None else s + bias, ok, vp, softmax.dropout, True)
+        if ok is not None:
+            blocked = torch.zeros(ok.shape, dtype=q.dtype, device=q.device).masked_fill(~ok, float("-inf"))
+            bias = blocked if bias is None else bias + blocked
         return F.scaled_dot_product_attention(q, kp, vp, attn_mask=bias)
 
 

@@ -64,6 +64,7 @@ class PretrainConfig:
     seed: int = 0
     precision: str = "auto"
     data_workers: int | None = None
+    pack_documents: bool = False
 
     @property
     def kind(self) -> str:
@@ -88,7 +89,12 @@ class PretrainConfig:
         return int(self.model.get("max_len", PRESETS[self.preset]["max_len"]))
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """The fields as data; ``pack_documents`` only when on, so that the run folders written
+        before the option existed still match their config on resume and rerun."""
+        data = asdict(self)
+        if not self.pack_documents:
+            del data["pack_documents"]
+        return data
 
 
 def _default(key: str) -> Any:
@@ -149,6 +155,11 @@ class PretrainSchema(Schema):
     data_workers: int | None = Field(_default("data_workers"), ge=0,
                                      description="processes that build batches ahead (null: 2 on CUDA, 0 on the "
                                                  "CPU, where batches cost ~1% of a step)")
+    pack_documents: bool = Field(_default("pack_documents"),
+                                 description="clm only: keep the documents of each training and held-out window "
+                                             "apart, as if each ran alone (positions restart at each document, no "
+                                             "attention or convolution crosses a boundary); a document ends with "
+                                             "its [SEP] and the next starts at the token after it")
 
     @field_validator("model")
     @classmethod
@@ -157,6 +168,13 @@ class PretrainSchema(Schema):
         if unknown:
             raise ValueError(f"unknown key(s) {', '.join(map(str, unknown))}; valid keys: {', '.join(MODEL_KEYS)}")
         return model
+
+    @model_validator(mode="after")
+    def packing(self) -> PretrainSchema:
+        if self.pack_documents and self.objective != "clm":
+            raise ValueError(f"pack_documents: packs the causal-LM token stream (objective: clm); {self.objective} "
+                             f"instances are sentence pairs of one document already")
+        return self
 
     @model_validator(mode="after")
     def combined(self) -> PretrainSchema:

@@ -8,7 +8,9 @@ special ones is chosen with probability 15%; a chosen token becomes [MASK] (80%)
 ordinary token (10%) or stays (10%); labels are -100 elsewhere.
 
 Causal LM: the token stream (documents separated by [SEP]) in windows of ``n + 1`` tokens at an
-epoch-dependent offset, shuffled; inputs are the first n, targets the last n.
+epoch-dependent offset, shuffled; inputs are the first n, targets the last n. With ``pack``
+(``pack_documents`` in the config) each window also carries the document of each input token
+(:func:`window_documents`), so the model keeps the documents of a window apart.
 
 Every random choice is seeded by ``(seed, epoch)`` or ``(seed, step)``, so the global batch of a
 step is the same whatever the number of processes, micro-batches or restarts: a rank takes its
@@ -22,6 +24,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from ..errors import PositionError
 from ..text.corpus import Split
 from ..text.tokenizer import SpecialIds
 
@@ -31,24 +34,39 @@ SHORT_PROB = 0.1
 
 @dataclass
 class Batch:
-    """Tensors of one (global or per-rank) batch; ``labels`` is IGNORE where nothing is scored."""
+    """Tensors of one (global or per-rank) batch; ``labels`` is IGNORE where nothing is scored;
+    ``document_ids`` the document of each token of a packed row (None: nothing packed)."""
 
     input_ids: Tensor
     labels: Tensor
     segment_ids: Tensor
     attention_mask: Tensor
+    document_ids: Tensor | None = None
 
     def shard(self, index: int, count: int) -> Batch:
         """The ``index``-th of ``count`` equal consecutive slices along the batch."""
         size = self.input_ids.shape[0] // count
-        return Batch(*(getattr(self, f.name)[index * size:(index + 1) * size] for f in fields(self)))
+        return Batch(*(None if (t := getattr(self, f.name)) is None else t[index * size:(index + 1) * size]
+                       for f in fields(self)))
 
     def to(self, device: torch.device) -> Batch:
-        return Batch(*(getattr(self, f.name).to(device, non_blocking=True) for f in fields(self)))
+        return Batch(*(None if (t := getattr(self, f.name)) is None else t.to(device, non_blocking=True)
+                       for f in fields(self)))
 
     @property
     def targets(self) -> int:
         return int((self.labels != IGNORE).sum())
+
+
+def window_documents(input_ids: Tensor, sep: int) -> Tensor:
+    """Document ids [b, n] of causal-LM windows of the token stream, where [SEP] ends each
+    document (:mod:`posattn.text.corpus`): a [SEP] is the last token of its document and the
+    next document starts at the token after it. Ids count the [SEP]s before each token in its
+    window (0 for the window's first, possibly cut, document). The target of a [SEP] input, the
+    next document's first token, stays scored: predicted from the document the [SEP] ends, as an
+    end-of-text token is in GPT-style packing."""
+    ends = (input_ids == sep).long()
+    return ends.cumsum(-1) - ends
 
 
 def _rng(*key: int) -> np.random.Generator:
@@ -96,17 +114,21 @@ class Batches:
     """The global batch of any step for one objective, split and sequence length."""
 
     def __init__(self, split: Split, objective: str, length: int, batch_size: int, seed: int,
-                 specials: SpecialIds, vocab_size: int, mask_prob: float = 0.15) -> None:
+                 specials: SpecialIds, vocab_size: int, mask_prob: float = 0.15, pack: bool = False) -> None:
+        if pack and objective != "clm":
+            raise PositionError(f"packing documents needs the causal-LM objective (clm), got {objective}: "
+                                f"masked-LM instances are sentence pairs of one document already")
         self.split, self.objective, self.length, self.batch_size = split, objective, length, batch_size
+        self.pack = pack
         self.seed, self.specials, self.vocab_size, self.mask_prob = seed, specials, vocab_size, mask_prob
         self._plans: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self.ordinary = np.setdiff1d(np.arange(vocab_size), specials.all())  # random replacements draw from these
 
     @classmethod
     def evaluation(cls, split: Split, objective: str, length: int, specials: SpecialIds, vocab_size: int,
-                   mask_prob: float = 0.15) -> Batches:
+                   mask_prob: float = 0.15, pack: bool = False) -> Batches:
         """Fixed held-out batches: units in corpus order (no shuffling), masks seeded per batch."""
-        return cls(split, objective, length, 1, 0, specials, vocab_size, mask_prob)
+        return cls(split, objective, length, 1, 0, specials, vocab_size, mask_prob, pack)
 
     def fixed(self, sequences: int, batch_size: int) -> list[Batch]:
         """The first ``sequences`` units of epoch 0 in corpus order, in batches (for evaluation)."""
@@ -159,12 +181,14 @@ class Batches:
         return self.pairs(rows, _rng(self.seed, step, 2), mine)
 
     def windows(self, starts: np.ndarray) -> Batch:
-        """Causal-LM inputs and next-token targets from windows starting at ``starts``."""
+        """Causal-LM inputs and next-token targets from windows starting at ``starts`` (and the
+        inputs' document ids when packing)."""
         index = np.asarray(starts, np.int64)[:, None] + np.arange(self.length + 1)
         block = torch.from_numpy(np.asarray(self.split.tokens[index.ravel()], np.int64).reshape(index.shape))
         ones = torch.ones(len(starts), self.length, dtype=torch.bool)
-        return Batch(block[:, :-1].contiguous(), block[:, 1:].contiguous(),
-                     torch.zeros_like(ones, dtype=torch.long), ones)
+        inputs = block[:, :-1].contiguous()
+        documents = window_documents(inputs, self.specials.sep) if self.pack else None
+        return Batch(inputs, block[:, 1:].contiguous(), torch.zeros_like(ones, dtype=torch.long), ones, documents)
 
     def pairs(self, rows: np.ndarray, rng: np.random.Generator, part: slice = slice(None)) -> tuple[Batch, int]:
         """``[CLS] A [SEP] B [SEP]`` rows padded to the length and masked with ``rng``: the rows of

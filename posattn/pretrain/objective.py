@@ -32,14 +32,15 @@ class MaskedLM(nn.Module):
 
 
 class CausalLM(nn.Module):
-    """Next-token loss of a decoder over every position."""
+    """Next-token loss of a decoder over every position; a packed batch's documents are kept apart
+    (``document_ids``: positions restart and no attention crosses a document boundary)."""
 
     def __init__(self, model: Decoder) -> None:
         super().__init__()
         self.model = model
 
     def forward(self, batch: Batch) -> tuple[Tensor, Tensor]:
-        logits = self.model(batch.input_ids, batch.attention_mask)
+        logits = self.model(batch.input_ids, batch.attention_mask, document_ids=batch.document_ids)
         flat, targets = logits.flatten(0, 1).float(), batch.labels.flatten()
         loss = F.cross_entropy(flat, targets, ignore_index=IGNORE, reduction="sum")
         correct = (flat.argmax(-1) == targets).sum()

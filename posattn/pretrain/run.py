@@ -188,9 +188,10 @@ def _pretrain(cfg: PretrainConfig, out: Path, world: World, dev: torch.device, p
     model = build_model(cfg, corpus).to(dev)
     objective = objective_for(model)
     train_data = Batches(corpus.splits["train"], cfg.objective, cfg.length, cfg.batch_size, cfg.seed, specials,
-                         corpus.vocab_size, cfg.mask_prob)
+                         corpus.vocab_size, cfg.mask_prob, cfg.pack_documents)
     valid_data = Batches.evaluation(corpus.splits["valid"], cfg.objective, cfg.length, specials, corpus.vocab_size,
-                                    cfg.mask_prob).fixed(cfg.eval_sequences, max(1, min(64, cfg.batch_size)))
+                                    cfg.mask_prob, cfg.pack_documents).fixed(cfg.eval_sequences,
+                                                                             max(1, min(64, cfg.batch_size)))
     if not valid_data:
         raise PositionError(f"corpus {corpus.folder}: the valid split is too short for one sequence of {cfg.length}")
     model.context(valid_data[0].input_ids[:1].to(dev), None, None, None)  # a length the mechanisms refuse fails here
