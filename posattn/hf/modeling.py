@@ -163,9 +163,12 @@ class PosattnModel(PosattnPreTrainedModel):
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None,
                 token_type_ids: Tensor | None = None, position_ids: Tensor | None = None,
-                **kwargs: Any) -> BaseModelOutput:
+                document_ids: Tensor | None = None, **kwargs: Any) -> BaseModelOutput:
+        """``document_ids`` ([b, n] long): packed rows, positions restart and no attention crosses
+        a document (:mod:`posattn.models.transformer`)."""
         segments = token_type_ids if self.config.kind == "encoder" else None
-        h = self.posattn.hidden(input_ids, segments, _keep(attention_mask), position_ids)
+        h = self.posattn.hidden(input_ids, segments, _keep(attention_mask), position_ids,
+                                document_ids=document_ids)
         return BaseModelOutput(last_hidden_state=h)
 
 
@@ -176,9 +179,10 @@ class PosattnForMaskedLM(PosattnPreTrainedModel):
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None,
                 token_type_ids: Tensor | None = None, position_ids: Tensor | None = None,
-                labels: Tensor | None = None, **kwargs: Any) -> MaskedLMOutput:
+                labels: Tensor | None = None, document_ids: Tensor | None = None, **kwargs: Any) -> MaskedLMOutput:
         model: Encoder = self.posattn  # type: ignore[assignment]
-        logits = model.mlm_logits(model.hidden(input_ids, token_type_ids, _keep(attention_mask), position_ids))
+        logits = model.mlm_logits(model.hidden(input_ids, token_type_ids, _keep(attention_mask), position_ids,
+                                               document_ids=document_ids))
         loss = None if labels is None else F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=-100)
         return MaskedLMOutput(loss=loss, logits=logits)
 
@@ -193,9 +197,12 @@ class PosattnForSequenceClassification(PosattnPreTrainedModel):
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None,
                 token_type_ids: Tensor | None = None, position_ids: Tensor | None = None,
-                labels: Tensor | None = None, **kwargs: Any) -> SequenceClassifierOutput:
+                labels: Tensor | None = None, document_ids: Tensor | None = None,
+                **kwargs: Any) -> SequenceClassifierOutput:
+        """With ``document_ids`` (packed rows) one row of logits per document, in order, and
+        ``labels`` one per document."""
         model: Encoder = self.posattn  # type: ignore[assignment]
-        logits = model.classify(input_ids, token_type_ids, _keep(attention_mask), position_ids)
+        logits = model.classify(input_ids, token_type_ids, _keep(attention_mask), position_ids, document_ids)
         loss = None
         if labels is not None:
             loss = (F.mse_loss(logits.squeeze(-1), labels.float()) if self.config.num_labels == 1
@@ -216,15 +223,18 @@ class PosattnForCausalLM(PosattnPreTrainedModel, GenerationMixin):
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None,
                 position_ids: Tensor | None = None, labels: Tensor | None = None,
                 cache: Any = None, use_cache: bool | None = None, past_key_values: Any = None,
-                **kwargs: Any) -> CausalLMOutputWithPast:
+                document_ids: Tensor | None = None, **kwargs: Any) -> CausalLMOutputWithPast:
         """With ``cache`` (``past_key_values`` before transformers 5.24), ``input_ids`` are the tokens
-        after the cached prefix."""
+        after the cached prefix. ``document_ids`` ([b, n] long): packed rows (not with a cache)."""
         model: Decoder = self.posattn  # type: ignore[assignment]
         cache = cache if cache is not None else past_key_values
+        if cache is not None and document_ids is not None:
+            raise PositionError("document_ids: packed rows cannot continue from a key/value cache; "
+                                "decode one document per row")
         if cache is not None:
             logits = model.decode(input_ids, cache)
         else:
-            logits = model(input_ids, _keep(attention_mask), position_ids)
+            logits = model(input_ids, _keep(attention_mask), position_ids, document_ids=document_ids)
         loss = None
         if labels is not None:
             loss = F.cross_entropy(logits[:, :-1].flatten(0, 1), labels[:, 1:].flatten(), ignore_index=-100)

@@ -143,3 +143,24 @@ def test_text_generation_pipeline(decoder_folder):
                                 tokenizer=tok)
     out = gen("the cat", max_new_tokens=5, do_sample=False)
     assert out[0]["generated_text"].startswith("the cat")
+
+
+def test_packed_rows_through_the_transformers_classes(encoder_folder, decoder_folder):
+    """``document_ids`` pass through every head: a packed row equals its documents run alone."""
+    a, b = torch.tensor([[2, 10, 11, 3]]), torch.tensor([[2, 20, 3]])
+    packed, docs = torch.cat([a, b], 1), torch.tensor([[0, 0, 0, 0, 1, 1, 1]])
+    with torch.no_grad():
+        mlm = AutoModelForMaskedLM.from_pretrained(encoder_folder).eval()
+        alone = torch.cat([mlm(a).logits, mlm(b).logits], 1)
+        torch.testing.assert_close(mlm(packed, document_ids=docs).logits, alone, atol=1e-5, rtol=1e-5)
+        base = AutoModel.from_pretrained(encoder_folder).eval()
+        alone = torch.cat([base(a).last_hidden_state, base(b).last_hidden_state], 1)
+        torch.testing.assert_close(base(packed, document_ids=docs).last_hidden_state, alone, atol=1e-5, rtol=1e-5)
+        cls = AutoModelForSequenceClassification.from_pretrained(encoder_folder, num_labels=3).eval()
+        alone = torch.cat([cls(a).logits, cls(b).logits])
+        torch.testing.assert_close(cls(packed, document_ids=docs).logits, alone, atol=1e-5, rtol=1e-5)
+        lm = AutoModelForCausalLM.from_pretrained(decoder_folder).eval()
+        alone = torch.cat([lm(a).logits, lm(b).logits], 1)
+        torch.testing.assert_close(lm(packed, document_ids=docs).logits, alone, atol=1e-5, rtol=1e-5)
+        with pytest.raises(PositionError, match="document_ids"):
+            lm(packed, document_ids=torch.tensor([[1, 0, 0, 0, 1, 1, 1]]))
