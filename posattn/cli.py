@@ -1,10 +1,10 @@
 """``posattn`` command line. Each area adds its sub-commands through ``register(subparsers)``.
 
 Every command ends a bad input the same way: one ``posattn: error: ...`` line on stderr, exit
-status 2 for a bad command line, configuration or file (:class:`~posattn.errors.PositionError`),
-1 for a failure while running (a worker's error, an operating-system error such as a full disk,
-an error no check foresaw), 130 when interrupted, and no Python traceback unless ``--debug``
-asks for one.
+status 2 for a bad command line, configuration or file (:class:`~posattn.errors.PositionError`,
+also when a worker process finds it: :class:`~posattn.errors.CellInputError`), 1 for a failure
+while running (a worker's error, an operating-system error such as a full disk, an error no check
+foresaw), 130 when interrupted, and no Python traceback unless ``--debug`` asks for one.
 """
 from __future__ import annotations
 

@@ -344,13 +344,34 @@ def builtin_configs(package: str) -> list[str]:
     return sorted(p.name[:-5] for p in folder.iterdir() if p.name.endswith(".yaml"))
 
 
+def yaml_problem(error: yaml.YAMLError, text: str) -> str:
+    """A YAML syntax error in ``text`` on one line: where the parser stopped (line and column, from 1),
+    its short reason and what it was reading since where (PyYAML's own message spans several lines,
+    quoting the text with a caret below it)."""
+    def at(line: int, column: int) -> str:
+        return f"line {line + 1}, column {column + 1}"
+
+    if isinstance(error, yaml.MarkedYAMLError) and error.problem_mark is not None:
+        mark, since = error.problem_mark, error.context_mark
+        message = f"{at(mark.line, mark.column)}: {error.problem}"
+        if error.context:
+            moved = since is not None and (since.line, since.column) != (mark.line, mark.column)
+            message += f" ({error.context}{f' from {at(since.line, since.column)}' if moved else ''})"
+    elif isinstance(error, yaml.reader.ReaderError) and isinstance(error.character, int):   # by its offset
+        line, start = text.count("\n", 0, error.position), text.rfind("\n", 0, error.position) + 1
+        message = f"{at(line, error.position - start)}: character #x{error.character:04x}: {error.reason}"
+    else:
+        message = str(error)
+    return " ".join(message.split())
+
+
 def parse_yaml(text: str, where: str, *, empty: dict[str, Any] | None = None) -> dict[str, Any]:
     """The mapping a YAML text holds; ``empty`` stands for an empty text (None: an empty text is an
-    error); one :class:`ConfigError` naming ``where`` otherwise."""
+    error); one :class:`ConfigError` naming ``where`` otherwise, on one line (:func:`yaml_problem`)."""
     try:
         raw = yaml.safe_load(text)
     except yaml.YAMLError as e:
-        raise ConfigError(f"{where}: not valid YAML: {e}") from None
+        raise ConfigError(f"{where}: not valid YAML: {yaml_problem(e, text)}") from None
     if raw is None and empty is not None:
         return dict(empty)
     if not isinstance(raw, dict):

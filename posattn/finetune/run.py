@@ -32,7 +32,7 @@ from .. import schedule
 from ..errors import PositionError
 from ..experiments.store import content_id
 from ..models import build_model, save
-from ..models.io import CONFIG, WEIGHTS, read_config
+from ..models.io import CONFIG, WEIGHTS, check_weights, read_config, unreadable_weights
 from ..models.transformer import Encoder
 from ..runtime.checkpoint import CHECKPOINT
 from ..runtime.compile import compiled
@@ -115,8 +115,7 @@ def check_encoder(folder: Path) -> dict[str, Any]:
     if cfg.get("kind") != "encoder":
         raise PositionError(f"{folder}: a {cfg.get('kind')!r} checkpoint is not classification-capable; "
                             f"fine-tuning needs an encoder ([CLS] pooling, segment ids)")
-    if not (folder / WEIGHTS).is_file():
-        raise PositionError(f"{folder}: no {WEIGHTS}")
+    check_weights(folder / WEIGHTS)
     return cfg
 
 
@@ -127,7 +126,12 @@ def build_classifier(folder: Path, task: Task, dropout: float, init: Path | None
     (intermediate-task training); its classifier is never reused."""
     cfg = check_encoder(folder)
     model = build_model({**cfg, "n_classes": task.n_outputs, "dropout": dropout})
-    weights = {k: v for k, v in load_file(str((init or folder) / WEIGHTS)).items() if not k.startswith("classifier.")}
+    source = (init or folder) / WEIGHTS
+    try:
+        saved = load_file(str(source))
+    except Exception as e:  # noqa: BLE001 - safetensors raises its own types for a damaged file
+        raise unreadable_weights(source, e) from None
+    weights = {k: v for k, v in saved.items() if not k.startswith("classifier.")}
     own = model.state_dict()
     mismatched = [k for k, v in weights.items() if k in own and own[k].shape != v.shape]
     missing, unexpected = model.load_state_dict({k: v for k, v in weights.items() if k not in mismatched}, strict=False)

@@ -30,7 +30,7 @@ import torch
 from torch import Tensor, nn
 from transformers import AutoModelForSequenceClassification, PreTrainedModel
 
-from ..analysis.hf import resolve
+from ..analysis.hf import HFCheckpoint, resolve
 from ..analysis.tisa_fit import TisaFit
 from ..claims import SIGMAS, judge, parse_claims, report_row
 from ..experiments import sweep as sweep_runner
@@ -202,6 +202,7 @@ def run(model: str = "minilm", tasks: list[str] | None = None, seeds: int = 5, m
     the next invocation. Returns the content of results.json."""
     tasks = tasks or list(OFFLINE_SUITE)
     folder = resolve(model)
+    HFCheckpoint.open(folder)   # a damaged checkpoint is refused here, before anything is written or a worker starts
     (out / "cells").mkdir(parents=True, exist_ok=True)
     for s in sorted({v[1] for v in VARIANTS.values() if v}):  # fitted once, before any worker reads them
         cached_fit(folder, s, out / f"fit-S{s}.npz")

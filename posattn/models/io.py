@@ -9,9 +9,11 @@ from pathlib import Path
 
 import torch
 import yaml
+from safetensors import safe_open
 from safetensors.torch import load_model, save_model
 
 from ..errors import PositionError
+from ..experiments.config import yaml_problem
 from ..runtime.files import atomic_path, write_text_atomic
 from .transformer import Transformer, build_model
 
@@ -64,12 +66,24 @@ def load(folder: str | Path) -> Transformer:
 def load_weights(model: torch.nn.Module, path: str | Path) -> None:
     """Load the safetensors file ``path`` into ``model`` exactly; PositionError naming the file if it is
     missing, truncated, not a safetensors file, or holds other tensors than the model's."""
+    check_weights(path)
+    try:
+        load_model(model, str(path))
+    except Exception as e:  # noqa: BLE001 - safetensors raises its own types for a bad file, torch RuntimeError
+        raise unreadable_weights(path, e) from None
+
+
+def check_weights(path: str | Path) -> None:
+    """Refuse a safetensors file that cannot be loaded: missing, truncated, not a safetensors file. Only
+    its header is read (and checked against the file's size), so a command refuses a damaged
+    checkpoint at once, before it writes anything, however large the file."""
     path = Path(path)
     if not path.is_file():
         raise PositionError(f"{path}: no such weights file")
     try:
-        load_model(model, str(path))
-    except Exception as e:  # noqa: BLE001 - safetensors raises its own types for a bad file, torch RuntimeError
+        with safe_open(str(path), framework="pt"):
+            pass
+    except Exception as e:  # noqa: BLE001 - safetensors raises its own types for a bad file
         raise unreadable_weights(path, e) from None
 
 
@@ -82,10 +96,11 @@ def unreadable_weights(path: str | Path, error: Exception) -> PositionError:
 
 def from_yaml(path: str | Path) -> Transformer:
     """Build a fresh model from a YAML file with the fields of :func:`build_model`."""
+    text = Path(path).read_text()
     try:
-        data = yaml.safe_load(Path(path).read_text())
+        data = yaml.safe_load(text)
     except yaml.YAMLError as e:
-        raise PositionError(f"{path}: not valid YAML: {e}") from None
+        raise PositionError(f"{path}: not valid YAML: {yaml_problem(e, text)}") from None
     if not isinstance(data, dict):
         raise PositionError(f"{path}: expected a mapping of model fields")
     return build_model(data)

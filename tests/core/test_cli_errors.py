@@ -1,6 +1,8 @@
 """Every bad input to every command ends in one ``posattn: error:`` line, exit status 2 (bad input) or 1
 (the work failed), no traceback, and nothing written: out-of-range numbers, unknown or unavailable
-devices, unusable output folders, truncated or foreign files, bad text encodings, malformed specs.
+devices, unusable output folders, truncated or foreign files, bad text encodings, malformed specs,
+config files with a YAML syntax error (exactly one line: file, line, column, reason), and bad input
+that a worker process finds (exit 2 like the same input found in the command's own process).
 Each case runs in-process through :func:`posattn.cli.main` and fails before any training."""
 from __future__ import annotations
 
@@ -13,7 +15,9 @@ import torch
 
 import posattn
 from posattn import cli
-from posattn.errors import CellError, cell_failure
+from posattn.errors import CellError, CellInputError, PositionError, cell_failure
+from posattn.models import from_yaml
+from posattn.runtime.checkpoint import save_checkpoint
 from posattn.text.tokenizer import train_tokenizer
 
 NO_GPU = "cuda:99"   # a device index no machine has
@@ -37,6 +41,28 @@ def assert_one_error(status: int, out: str, err: str, want: int, says: str) -> N
     lines = err.splitlines()
     assert lines and lines[0].startswith("posattn: error: "), err
     assert err.count("posattn: error:") == 1 and says in err, err
+
+
+# config files with a YAML syntax error -> what the one line says: where the parser stopped and why
+BROKEN_YAML = {
+    "unclosed.yaml": ("name: x\ntask: [mqar\n", "not valid YAML: line 3, column 1: expected ',' or ']', but got "
+                      "'<stream end>' (while parsing a flow sequence from line 2, column 7)"),
+    "indented.yaml": ("name: x\n  task: mqar\n",
+                      "not valid YAML: line 2, column 7: mapping values are not allowed here"),
+    "quote.yaml": ('name: "x\n', "not valid YAML: line 2, column 1: found unexpected end of stream (while scanning "
+                   "a quoted scalar from line 1, column 7)"),
+    "tab.yaml": ("name: x\n\ttask: mqar\n", "not valid YAML: line 2, column 1: found character '\\t' that cannot "
+                 "start any token"),
+    "control.yaml": ("name: x\x07\n", "not valid YAML: line 1, column 8: character #x0007: special characters are "
+                     "not allowed"),
+    "alias.yaml": ("name: x\ntask: *mqar\n", "not valid YAML: line 2, column 7: found undefined alias 'mqar'"),
+    "python-tag.yaml": ("name: !!python/object/apply:os.system [ls]\n", "not valid YAML: line 1, column 7: could not "
+                        "determine a constructor for the tag"),
+    "latin1.yaml": ("name: café\n".encode("latin-1"), "not a readable file ('utf-8' codec can't decode"),
+}
+# every command that reads a config file, with {f} for the file
+YAML_COMMANDS = [["compare", "{f}"], ["pretrain", "{f}"], ["finetune", "{f}"], ["finetune", "--config", "{f}"],
+                 ["bench-throughput", "{f}", "--no-store"]]
 
 
 @pytest.fixture(scope="module")
@@ -71,6 +97,10 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         (root / name / "RTE" / "train.tsv").write_bytes(train)
         (root / name / "RTE" / "dev.tsv").write_text(header + rows)
     (root / "bad.yaml").write_text("task: [unclosed\n")
+    for name, (text, _) in BROKEN_YAML.items():
+        (root / name).write_bytes(text.encode("utf-8") if isinstance(text, str) else text)
+    (root / "run-bad-yaml").mkdir()
+    (root / "run-bad-yaml" / "config.yaml").write_text(BROKEN_YAML["unclosed.yaml"][0])
     return {"root": root}
 
 
@@ -196,6 +226,75 @@ def test_bad_input_is_one_line(argv, status, says, files, tmp_path, capsys, monk
     assert not out.exists(), "a refused command wrote its output folder"
 
 
+@pytest.mark.parametrize("name", BROKEN_YAML)
+@pytest.mark.parametrize("command", YAML_COMMANDS, ids=lambda v: " ".join(v))
+def test_a_yaml_syntax_error_is_one_line(command, name, files, tmp_path, capsys, monkeypatch):
+    """PyYAML's own message spans several lines (the text quoted, a caret below it): the command ends
+    in exactly one line naming the file, the line and column where the parser stopped and its reason."""
+    monkeypatch.chdir(tmp_path)
+    path = files["root"] / name
+    argv = [a.replace("{f}", str(path)) for a in command] + ["--out", str(tmp_path / "out")]
+    if command[0] == "bench-throughput":
+        argv = argv[:-2]   # it has no output folder: it writes nothing with --no-store
+    status, out, err = run(argv, capsys)
+    assert_one_error(status, out, err, 2, f"{path}: {BROKEN_YAML[name][1]}")
+    assert len(err.splitlines()) == 1, err
+    assert not (tmp_path / "out").exists() and list(tmp_path.iterdir()) == [], "a refused command wrote something"
+
+
+def test_a_run_folder_whose_config_is_broken_yaml_is_one_line(files, tmp_path, capsys):
+    folder = files["root"] / "run-bad-yaml"
+    says = f"{folder / 'config.yaml'}: {BROKEN_YAML['unclosed.yaml'][1]}"
+    for argv in (["results", "add", str(folder), "--results", str(tmp_path / "results")],
+                 ["report", "somerecipe", "--runs", str(folder), "--results", str(tmp_path / "results"),
+                  "--out", str(tmp_path / "report")]):
+        status, out, err = run(argv, capsys)
+        assert_one_error(status, out, err, 2, says)
+        assert len(err.splitlines()) == 1, err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_model_yaml_syntax_error_is_one_line(files):
+    with pytest.raises(PositionError) as raised:
+        from_yaml(files["root"] / "unclosed.yaml")
+    assert str(raised.value) == f"{files['root'] / 'unclosed.yaml'}: {BROKEN_YAML['unclosed.yaml'][1]}"
+
+
+@pytest.mark.parametrize("damaged", ["truncated", "foreign", "empty"])
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_finetune_refuses_a_damaged_checkpoint_before_it_writes(damaged, workers, files, tmp_path, capsys):
+    """A damaged model.safetensors is refused while the config is read (its header against the file's
+    size), with any number of workers: exit 2, one line, no output folder."""
+    argv = ["finetune", str(files["root"] / damaged), "--seeds", "1", "--workers", workers,
+            "--out", str(tmp_path / "out"), "--no-progress"]
+    assert_one_error(*run(argv, capsys), 2, f"{files['root'] / damaged / 'model' / 'model.safetensors'}: unreadable "
+                     f"weights")
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_a_truncated_resume_checkpoint_is_exit_2_in_or_out_of_process(workers, tmp_path, capsys):
+    """compare with a truncated checkpoint.pt in its cells' folders (so also finetune, pretrain recipes and
+    table3, which run their cells through the same executor): exit 2 and one line, whether the cell runs in
+    this process or in a worker."""
+    from posattn.synthetic.compare import load_config, validate_config
+
+    config = tmp_path / "tiny.yaml"
+    config.write_text("name: tiny\ntask: mqar\ntask_params: {num_kv_pairs: 2}\nvocab_size: 16\ntrain_length: 16\n"
+                      "test_multipliers: [1]\nmax_len: 32\nexamples: {train: 32, valid: 8, test: 8}\nd_model: 16\n"
+                      "models: [{mechanisms: [cat], layers: 1}, {mechanisms: [absolute], layers: 1}]\n"
+                      "training: {steps: 2, batch_size: 8, lr: 0.01, eval_every: 1}\n")
+    out = tmp_path / "out"
+    for cell in validate_config(load_config(str(config))).cells:
+        path = out / "cells" / cell.id / "checkpoint.pt"
+        save_checkpoint(path, {"config": {}, "weights": torch.zeros(256)})
+        path.write_bytes(path.read_bytes()[:300])
+    argv = ["compare", str(config), "--out", str(out), "--workers", workers, "--threads", "1", "--no-progress"]
+    status, stdout, err = run(argv, capsys)
+    assert_one_error(status, stdout, err, 2, "checkpoint.pt is unreadable")
+    assert len(err.splitlines()) == 1 and "rerun" not in err
+
+
 def test_a_read_only_output_folder_is_refused(tmp_path, capsys, monkeypatch):
     locked = tmp_path / "locked"
     locked.mkdir()
@@ -212,20 +311,29 @@ def test_a_read_only_output_folder_is_refused(tmp_path, capsys, monkeypatch):
         locked.chmod(0o755)
 
 
-def test_a_worker_failure_is_one_line_and_debug_shows_its_traceback(tmp_path, capsys, monkeypatch):
+@pytest.mark.parametrize("error, status, says, raised", [
+    (ZeroDivisionError("the cell divided by zero"), 1,
+     "cell 3 (tisa, seed 0) failed (ZeroDivisionError: the cell divided by zero); rerun the command", CellError),
+    (PositionError("checkpoint cells/3/checkpoint.pt is unreadable (truncated)"), 2,
+     "cell 3 (tisa, seed 0): checkpoint cells/3/checkpoint.pt is unreadable (truncated); --debug", CellInputError),
+])
+def test_a_worker_failure_is_one_line_and_debug_shows_its_traceback(error, status, says, raised, tmp_path, capsys,
+                                                                     monkeypatch):
     """A cell that failed in a worker: one line naming the cell and the exception (its traceback, once,
-    only with --debug), exit 1."""
+    only with --debug), exit 1; bad input the worker found (a damaged file the cell reads) stays bad
+    input across the process boundary: exit 2, and no advice to rerun."""
     def fails(*args, **kwargs):
         try:
-            raise ZeroDivisionError("the cell divided by zero")
-        except ZeroDivisionError:
+            raise error
+        except Exception:
             raise cell_failure("cell 3 (tisa, seed 0)") from None
 
     monkeypatch.setattr("posattn.synthetic.cli.run_sweep", fails)
     argv = ["compare", "--out", str(tmp_path / "out"), "--no-progress"]
-    says = "cell 3 (tisa, seed 0) failed (ZeroDivisionError: the cell divided by zero)"
-    assert_one_error(*run(argv, capsys), 1, says)
-    with pytest.raises(CellError, match="Worker traceback:(.|\n)*ZeroDivisionError"):
+    got = run(argv, capsys)
+    assert_one_error(*got, status, says)
+    assert len(got[2].splitlines()) == 1 and ("rerun" in got[2]) == (status == 1)
+    with pytest.raises(raised, match=f"Worker traceback:(.|\n)*{type(error).__name__}"):
         cli.main(["--debug", *argv])
 
 
