@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import re
 import textwrap
 import types
 from dataclasses import dataclass
@@ -344,6 +345,27 @@ def builtin_configs(package: str) -> list[str]:
     return sorted(p.name[:-5] for p in folder.iterdir() if p.name.endswith(".yaml"))
 
 
+class StrictLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that refuses a key given twice in one mapping (PyYAML keeps the last
+    silently, so a typo'd override would vanish) and reads ``1e-3`` as a number as YAML 1.2 does
+    (YAML 1.1 wants ``1.0e-3`` and makes ``1e-3`` a string)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            if isinstance(key, str) and key in seen:
+                raise yaml.constructor.ConstructorError("while reading a mapping", node.start_mark,
+                                                        f"key {key!r} given twice", key_node.start_mark)
+            seen.add(key) if isinstance(key, str) else None
+        return super().construct_mapping(node, deep)
+
+
+StrictLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float", re.compile(r"^[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+    list("-+0123456789"))
+
+
 def yaml_problem(error: yaml.YAMLError, text: str) -> str:
     """A YAML syntax error in ``text`` on one line: where the parser stopped (line and column, from 1),
     its short reason and what it was reading since where (PyYAML's own message spans several lines,
@@ -369,7 +391,7 @@ def parse_yaml(text: str, where: str, *, empty: dict[str, Any] | None = None) ->
     """The mapping a YAML text holds; ``empty`` stands for an empty text (None: an empty text is an
     error); one :class:`ConfigError` naming ``where`` otherwise, on one line (:func:`yaml_problem`)."""
     try:
-        raw = yaml.safe_load(text)
+        raw = yaml.load(text, Loader=StrictLoader)  # noqa: S506 (a SafeLoader)
     except yaml.YAMLError as e:
         raise ConfigError(f"{where}: not valid YAML: {yaml_problem(e, text)}") from None
     if raw is None and empty is not None:

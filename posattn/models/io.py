@@ -8,12 +8,11 @@ import json
 from pathlib import Path
 
 import torch
-import yaml
 from safetensors import safe_open
 from safetensors.torch import load_model, save_model
 
 from ..errors import PositionError
-from ..experiments.config import yaml_problem
+from ..experiments.config import read_yaml
 from ..runtime.files import atomic_path, write_text_atomic
 from .transformer import Transformer, build_model
 
@@ -96,11 +95,4 @@ def unreadable_weights(path: str | Path, error: Exception) -> PositionError:
 
 def from_yaml(path: str | Path) -> Transformer:
     """Build a fresh model from a YAML file with the fields of :func:`build_model`."""
-    text = Path(path).read_text()
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        raise PositionError(f"{path}: not valid YAML: {yaml_problem(e, text)}") from None
-    if not isinstance(data, dict):
-        raise PositionError(f"{path}: expected a mapping of model fields")
-    return build_model(data)
+    return build_model(read_yaml(path))

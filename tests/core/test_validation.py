@@ -117,7 +117,7 @@ def test_bad_yaml(tmp_path):
         from_yaml(bad)
     lst = tmp_path / "list.yaml"
     lst.write_text("- cat\n- tisa\n")
-    with pytest.raises(PositionError, match="expected a mapping"):
+    with pytest.raises(PositionError, match="must be a mapping"):
         from_yaml(lst)
     typo = tmp_path / "typo.yaml"
     typo.write_text("kind: encoder\nd_model: 16\nn_heads: 2\nmechanisms: [cat, tisaa]\n")

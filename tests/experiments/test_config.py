@@ -179,3 +179,11 @@ def test_yaml_is_read_one_way(tmp_path):
         load_config(str(tmp_path / "list.yaml"), package="posattn.synthetic", default="default")
     with pytest.raises(ConfigError, match="broken.yaml: not valid YAML"):
         pretrain.load(str(tmp_path / "broken.yaml"))
+
+
+def test_yaml_refuses_a_key_given_twice_and_reads_exponents_as_numbers():
+    from posattn.experiments.config import parse_yaml
+    assert parse_yaml("lr: 1e-2\nwarmup: 1.0e-3\nsteps: 1_000\nname: '1e-2'\n", "c.yaml") == \
+        {"lr": 0.01, "warmup": 0.001, "steps": 1000, "name": "1e-2"}
+    with pytest.raises(ConfigError, match=r"c.yaml: not valid YAML: line 3, column 3: key 'lr' given twice"):
+        parse_yaml("training:\n  lr: 1.0e-3\n  lr: 2.0e-3\n", "c.yaml")
