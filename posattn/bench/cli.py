@@ -258,7 +258,7 @@ def bench_command(args: argparse.Namespace) -> None:
     else:
         print(text)
         if checks:
-            print("\ntargets (issues 4 and 11):")
+            print("\ntargets (issues 4, 11 and 27):")
             print("\n".join("  " + c for c in checks))
         print(f"\nwrote {args.out / 'bench.txt'}, {args.out / 'bench.json'}, {args.out / 'bench.png'}")
     for r in rows:
