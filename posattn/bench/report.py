@@ -144,6 +144,36 @@ def targets(rows: list[dict[str, Any]], matches: dict[str, str]) -> list[str]:
     return out
 
 
+def _grid_cell(r: dict[str, Any] | None) -> str:
+    """``**train min ÷ min** (per-round range) / inference min ÷ min``, as the documentation reads them."""
+    if r is None or r.get("train_ratio_min") is None:
+        return "–"
+    lo, hi = r.get("train_ratio_range") or (math.nan, math.nan)
+    return (f"**{r['train_ratio_min']:.2f}** ({_fmt('{:.2f}', lo)}–{_fmt('{:.2f}', hi)}) / "
+            f"{_fmt('{:.2f}', r.get('infer_ratio_min'))}")
+
+
+def grid_markdown(rows: list[dict[str, Any]]) -> str:
+    """The layer rows as the documentation's grids (``bench.md``): encoder and decoder apart, one
+    line per mechanism with the fast paths it took, one column per length and batch; each cell the
+    training step's min ÷ min ratio to plain SDPA in bold, its per-round range, then inference's."""
+    layer = [r for r in rows if r["kind"] == "layer" and r.get("train_ratio_min") is not None]
+    out: list[str] = []
+    for causal in sorted({bool(r.get("causal")) for r in layer}):
+        group = [r for r in layer if bool(r.get("causal")) == causal]
+        shapes = sorted({(r["n"], r.get("batch", 1)) for r in group})
+        cells = {(r["mechanism"], r["n"], r.get("batch", 1)): r for r in group}
+        out += [f"{'Decoder (causal)' if causal else 'Encoder'}:", "",
+                "| mechanism (path) | " + " | ".join(f"n={n} b={b}" for n, b in shapes) + " |",
+                "|---|" + "---|" * len(shapes)]
+        for name in dict.fromkeys(r["mechanism"] for r in group):
+            paths = ", ".join(dict.fromkeys(r["path"] for r in group if r["mechanism"] == name and r.get("path")))
+            line = [f"{name} ({paths or '-'})", *(_grid_cell(cells.get((name, n, b))) for n, b in shapes)]
+            out.append("| " + " | ".join(line) + " |")
+        out.append("")
+    return "\n".join(out)
+
+
 def save_json(rows: list[dict[str, Any]], path: Path) -> None:
     """The rows as a JSON list, written atomically."""
     path.parent.mkdir(parents=True, exist_ok=True)

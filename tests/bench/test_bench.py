@@ -41,6 +41,9 @@ def test_bench_rows_table_plot_and_json(tmp_path: Path, capsys: pytest.CaptureFi
         if r["mechanism"] == "sdpa":
             assert r["train_ratio"] == 1.0
     assert {r["path"] for r in rows if r["mechanism"] == "t5"} == {"dense"}  # short inputs
+    grid = (tmp_path / "out" / "bench.md").read_text()  # the documentation's grid of the layer rows
+    assert "| mechanism (path) | n=64 b=1 | n=128 b=1 |" in grid and "| t5 (dense) | **" in grid
+    assert "| sdpa (sdpa) | **1.00** (1.00–1.00) / 1.00 | **1.00** (1.00–1.00) / 1.00 |" in grid
 
 
 @pytest.mark.skipif(not memory_supported(), reason="peak memory needs Linux /proc/self/clear_refs")
