@@ -86,7 +86,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=bench_command, writes={
         "OUT/bench.json": "one row per measured case (rewritten as cases finish)",
         "OUT/bench.txt": "the table and the targets' checks",
-        "OUT/bench.md": "the layer rows as Markdown grids (min ÷ min ratios, ranges), as the documentation shows them",
+        "OUT/bench.md": "the layer rows as the documentation's Markdown grids (median per-round ratios)",
         "OUT/bench.png": "time and memory ratios against plain attention",
         "OUT/conv.json": "--conv: the convolution timings"})
 

@@ -99,6 +99,7 @@ def test_batch_grid_rows_and_ranges(tmp_path: Path, capsys: pytest.CaptureFixtur
     for r in rows:
         lo, hi = r["train_ratio_range"]
         assert 0 < lo <= hi and len(r["train_runs_ms"]) == 2
+        assert lo <= r["train_ratio_rounds"] <= hi  # the median of the per-round ratios
     assert "batch" in capsys.readouterr().out
 
 
