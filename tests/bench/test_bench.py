@@ -225,6 +225,15 @@ def test_targets_come_from_the_cost_classes_and_keep_the_issues_lists() -> None:
     assert MODEL_TARGETS == {name: train for name, (train, infer) in GRID_TARGETS.items() if infer is not None}
 
 
+def test_targets_judge_the_median_of_the_per_round_ratios_where_a_row_has_it() -> None:
+    rows = [{"mechanism": "t5", "kind": "layer", "n": 512, "batch": 16, "train_ratio": 1.30,
+             "train_ratio_rounds": 1.04, "infer_ratio": 1.02},
+            {"mechanism": "t5", "kind": "layer", "n": 128, "batch": 16, "train_ratio": 1.30, "infer_ratio": 1.02}]
+    lines = targets(rows, {})
+    assert any("train ×1.04 ≤ 1.1 at n=512" in x and "t5: met" in x for x in lines)
+    assert any("train ×1.30 ≤ 1.1 at n=128" in x and "t5: MISSED" in x for x in lines)  # no per-round median
+
+
 def test_option_variants_are_judged_by_their_mechanisms_target() -> None:
     """``alibi(heads=2)`` and ``rope(fraction=0.5)`` rows meet their mechanism's targets; the
     forget gate and the rotations have a training target only; combinations and A/B arms none."""
