@@ -18,12 +18,12 @@ from ..mechanisms import get
 from ..options import add_device_option, add_json_option, natural_int, positive_int, sequence_length
 from ..runtime.compile import COMPILE_MODES
 from ..runtime.device import resolve_device
-from ..runtime.files import write_json_atomic
+from ..runtime.files import write_json_atomic, write_text_atomic
 from . import decode, gpu_check, throughput
 from .cases import Sizes, parse_mechanisms
 from .models import DEFAULT_MECHANISMS, HF_MODELS, MODEL_LENGTHS, MODEL_SIZES, model_name, model_rows
 from .peers import skipped as skipped_peers
-from .report import model_table, ordered, plot, save_json, table, targets
+from .report import grid_markdown, model_table, ordered, plot, save_json, table, targets
 from .run import KINDS, BenchOptions, conv_rows, peer_matches, run
 from .spec import BASELINE
 
@@ -86,6 +86,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=bench_command, writes={
         "OUT/bench.json": "one row per measured case (rewritten as cases finish)",
         "OUT/bench.txt": "the table and the targets' checks",
+        "OUT/bench.md": "the layer rows as the documentation's Markdown grids (median per-round ratios)",
         "OUT/bench.png": "time and memory ratios against plain attention",
         "OUT/conv.json": "--conv: the convolution timings"})
 
@@ -251,6 +252,9 @@ def bench_command(args: argparse.Namespace) -> None:
     checks = targets(rows, peer_matches())
     (args.out / "bench.txt").write_text(text + ("\n\n" + "\n".join(checks) if checks else "") + "\n")
     save_json(rows, args.out / "bench.json")
+    grids = grid_markdown(rows)
+    if grids:
+        write_text_atomic(args.out / "bench.md", grids)
     if any(r.get("train_ratio") is not None or r.get("peak_mem_mb") is not None for r in rows):
         plot(rows, args.out / "bench.png")
     if args.json:
@@ -258,7 +262,7 @@ def bench_command(args: argparse.Namespace) -> None:
     else:
         print(text)
         if checks:
-            print("\ntargets (issues 4 and 11):")
+            print("\ntargets (issues 4, 11 and 27):")
             print("\n".join("  " + c for c in checks))
         print(f"\nwrote {args.out / 'bench.txt'}, {args.out / 'bench.json'}, {args.out / 'bench.png'}")
     for r in rows:

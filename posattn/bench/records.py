@@ -20,7 +20,7 @@ from ..errors import PositionError
 from ..experiments import store
 from ..runtime.files import write_json_atomic
 from .models import HF_MODELS, model_name
-from .report import COLUMNS, GRID_TARGETS, MODEL_COLUMNS, by_mechanism, grid_targets, plot, table, targets
+from .report import COLUMNS, MODEL_COLUMNS, SCORE_TERM_GRID_BY_CLASS, by_mechanism, grid_targets, plot, table, targets
 from .spec import BASELINE
 
 # Issue 28, layer at n = 4096 (GPU, bf16): the score terms that add a fixed or tabulated bias
@@ -30,7 +30,7 @@ LAYER_TARGETS: dict[str, float] = by_mechanism(LAYER_TARGET_BY_CLASS)
 LAYER_TARGET_N = 4096
 # Issue 28, whole encoder: a score-term mechanism's step ≤ 1.10× the posattn encoder with
 # ``absolute`` (same run), the convolutions and CAT ≤ 1.25×: issue 11's split of the cost classes.
-MODEL_TARGETS: dict[str, float] = {name: train for name, (train, _) in GRID_TARGETS.items()}
+MODEL_TARGETS: dict[str, float] = {name: train for name, (train, _) in by_mechanism(SCORE_TERM_GRID_BY_CLASS).items()}
 # the layer table's columns per length, as ``posattn bench`` formats them
 LAYER_FIELDS = ("train_ms", "train_ratio", "infer_ms", "infer_ratio")
 VS_ABSOLUTE = ("vs_posattn_encoder", "step ÷ posattn absolute", "{:.2f}")

@@ -154,9 +154,10 @@ def _rows(n: int, sizes: Sizes, specs: list[CaseSpec], times: dict[CaseSpec, dic
             row[f"{what}_runs_ms"] = [x * 1e3 for x in t] if t else []
             if t and b:  # ratio of the least disturbed runs (a loaded machine only adds time)
                 row[f"{what}_ratio_min"] = min(t) / min(b)
-            if t and b and len(t) == len(b):  # per round: the spread of the ratio
+            if t and b and len(t) == len(b):  # per round: the spread of the ratio, and its median
                 per_round = sorted(x / y for x, y in zip(t, b))
                 row[f"{what}_ratio_range"] = [per_round[0], per_round[-1]]
+                row[f"{what}_ratio_rounds"] = median(per_round)  # each round's pair ran close in time
         mem, base_mem = memory.get(spec, {}), memory.get(ref, {}) if ref else {}
         row["peak_mem_mb"] = mem.get("train_mb")
         row["infer_peak_mem_mb"] = mem.get("infer_mb")

@@ -5,7 +5,12 @@ Learning to Count What's Important", §3, Eq. 3-5): positions counted by gates o
     q_i·e[p] = (p − ⌊p⌋)·q_i·e[⌈p⌉] + (1 − p + ⌊p⌋)·q_i·e[⌊p⌋]      (p clipped to npos_max − 1)
 
 s_ij: the logits q_i·k_j/√d_h plus every other mechanism's score terms, as x-transformers' CoPE
-gates them; e[0 … npos_max − 1]: learned vectors of the head dimension shared by the heads. A
+gates them; e[0 … npos_max − 1]: learned vectors of the head dimension shared by the heads,
+initialised to zero as in the paper's listing (Appendix B: ``pos_emb = zeros(1, head_dim,
+npos_max)``) and x-transformers' ``CoPE``, so CoPE starts as plain attention and learns its
+positions from the first gradient (∂s'/∂e[p] = q_i times the interpolation weight). As there,
+the gates read the masked logits (hidden keys count 0), p is clamped to npos_max − 1 before the
+interpolation, and q·e[p] is formed once per integer p and interpolated (Eq. 5). A
 position counts the keys between j and i whose gate is open (e.g. sentences, not tokens), so it
 depends on the content: a :class:`~posattn.attention.terms.ScoreTransform`, applied where the
 scores are written out (the reference and dense paths). Gates of hidden keys (padding, the
@@ -64,7 +69,7 @@ class CoPE(Mechanism):
     def __init__(self, dims: Dims, shared: dict[str, nn.Module], npos_max: int = 16) -> None:
         super().__init__(dims, shared)
         self.npos_max = npos_max
-        self.pos_emb = nn.Parameter(torch.randn(npos_max, dims.head_dim) * dims.head_dim ** -0.5)
+        self.pos_emb = nn.Parameter(torch.zeros(npos_max, dims.head_dim))  # the paper's start (Appendix B)
 
     @classmethod
     def validate(cls, options: dict, others: list[str], dims: Dims) -> None:

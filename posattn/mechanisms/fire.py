@@ -7,7 +7,14 @@ f_θ: an MLP 1 → ``hidden`` → n_heads with ReLU (the paper: 2 layers, hidden
 layer, one output per head. c and the threshold L are learned and kept non-negative as in the
 paper's listing (Appendix): ψ(x) = log(|c·x| + 1), L = |ℓ·L₀| with ℓ learned (initially 1) and
 L₀ = ``threshold_init``, and ε = 1e-6 added to the normaliser ψ(max(L, i)) so that row 0 with
-L = 0 is defined. Dividing by ψ(max(L, i)) maps every query row's distances into [0, 1], so a
+L = 0 is defined. The listing's defaults are ``mlp_width=32, init_c=0.1, init_L=512, eps=1e-6``
+for the paper's training length of 2048: c₀ = 0.1, hidden 32 and ε here are those; L₀ defaults
+to max_len / 4, which is the listing's 512 when max_len is that training length (as in
+``posattn pretrain``, where max_len is the training length) and keeps the same fraction of the
+training length for shorter models. ``posattn compare`` builds its models for the longest test
+length, so a length-generalisation comparison that wants the paper's start at the training
+length passes ``threshold_init`` (e.g. training length / 4; 512 for the listing's constant).
+Dividing by ψ(max(L, i)) maps every query row's distances into [0, 1], so a
 longer input interpolates within the range seen in training instead of extrapolating; rows
 i ≤ L share the normaliser ψ(L) (better short-sequence modelling, §3.3). i is the query's
 position id (``ctx.positions``), i − j the offset within the sequence.
@@ -58,7 +65,7 @@ class FIRE(Mechanism):
         hidden: width of f_θ's hidden layer (the paper: 32).
         c_init: initial c of ψ (the paper: 0.1).
         threshold_init: L₀, the initial threshold L in positions (default max_len / 4: the
-            paper's 512 for its 2048-token training length).
+            listing's 512 at the paper's 2048-token training length).
         learn_threshold: learn L (else it stays L₀).
     """
 

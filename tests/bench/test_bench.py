@@ -11,6 +11,7 @@ import torch
 
 from posattn.bench.cases import CaseSpec, Sizes, make_case, parse_mechanisms, spec_label
 from posattn.bench.measure import measure_memory, memory_supported
+from posattn.bench.records import MODEL_TARGETS
 from posattn.bench.report import GRID_TARGETS, TRAIN_TARGETS, targets
 from posattn.cli import main
 
@@ -40,6 +41,9 @@ def test_bench_rows_table_plot_and_json(tmp_path: Path, capsys: pytest.CaptureFi
         if r["mechanism"] == "sdpa":
             assert r["train_ratio"] == 1.0
     assert {r["path"] for r in rows if r["mechanism"] == "t5"} == {"dense"}  # short inputs
+    grid = (tmp_path / "out" / "bench.md").read_text()  # the documentation's grid of the layer rows
+    assert "| mechanism (path) | n=64 b=1 | n=128 b=1 |" in grid and "| t5 (dense) | **" in grid
+    assert "| sdpa (sdpa) | **1.00** (1.00–1.00) / 1.00 | **1.00** (1.00–1.00) / 1.00 |" in grid
 
 
 @pytest.mark.skipif(not memory_supported(), reason="peak memory needs Linux /proc/self/clear_refs")
@@ -95,6 +99,7 @@ def test_batch_grid_rows_and_ranges(tmp_path: Path, capsys: pytest.CaptureFixtur
     for r in rows:
         lo, hi = r["train_ratio_range"]
         assert 0 < lo <= hi and len(r["train_runs_ms"]) == 2
+        assert lo <= r["train_ratio_rounds"] <= hi  # the median of the per-round ratios
     assert "batch" in capsys.readouterr().out
 
 
@@ -206,13 +211,46 @@ def test_ab_times_every_mechanism_again_under_other_policy_fields(tmp_path: Path
 
 
 def test_targets_come_from_the_cost_classes_and_keep_the_issues_lists() -> None:
-    """The targets derive from each mechanism's cost class; they equal the issues' lists (4, 11)."""
+    """The targets derive from each mechanism's cost class; they equal the issues' lists (4, 11, 27)."""
     cheap = ["none", "absolute", "sinusoidal", "rope", "alibi", "diet_abs", "tupe", "segment", "cat", "conv_qkv",
-             "depthwise_conv", "sandwich"]
+             "depthwise_conv", "sandwich", "forgetting"]
     tables = ["t5", "fixed_conv", "dynamic_conv", "composite", "key_dynamic_conv", "diet_rel", "tisa", "kerple",
               "dynamic_pos_bias"]
     assert TRAIN_TARGETS == {**dict.fromkeys(cheap, 1.25), **dict.fromkeys(tables, 1.6)}
     score_terms = ["t5", "fixed_conv", "dynamic_conv", "key_dynamic_conv", "composite", "tisa", "diet_rel", "alibi",
                    "segment", "kerple", "sandwich", "dynamic_pos_bias"]
     heavy = ["conv_qkv", "depthwise_conv", "cat", "diet_abs", "tupe"]
-    assert GRID_TARGETS == {**dict.fromkeys(score_terms, (1.10, 1.05)), **dict.fromkeys(heavy, (1.25, 1.15))}
+    assert GRID_TARGETS == {**dict.fromkeys(score_terms, (1.10, 1.05)), **dict.fromkeys(heavy, (1.25, 1.15)),
+                            **dict.fromkeys(["rope", "forgetting"], (1.10, None))}  # issue 27: training only
+    assert MODEL_TARGETS == {name: train for name, (train, infer) in GRID_TARGETS.items() if infer is not None}
+
+
+def test_targets_judge_the_median_of_the_per_round_ratios_where_a_row_has_it() -> None:
+    rows = [{"mechanism": "t5", "kind": "layer", "n": 512, "batch": 16, "train_ratio": 1.30,
+             "train_ratio_rounds": 1.04, "infer_ratio": 1.02},
+            {"mechanism": "t5", "kind": "layer", "n": 128, "batch": 16, "train_ratio": 1.30, "infer_ratio": 1.02}]
+    lines = targets(rows, {})
+    assert any("train ×1.04 ≤ 1.1 at n=512" in x and "t5: met" in x for x in lines)
+    assert any("train ×1.30 ≤ 1.1 at n=128" in x and "t5: MISSED" in x for x in lines)  # no per-round median
+
+
+def test_option_variants_are_judged_by_their_mechanisms_target() -> None:
+    """``alibi(heads=2)`` and ``rope(fraction=0.5)`` rows meet their mechanism's targets; the
+    forget gate and the rotations have a training target only; combinations and A/B arms none."""
+    rows = [{"mechanism": "alibi(heads=2)", "kind": "layer", "n": 512, "batch": 16, "train_ratio": 1.2,
+             "infer_ratio": 1.0},
+            {"mechanism": "rope(fraction=0.5)", "kind": "layer", "n": 128, "batch": 16, "train_ratio": 1.05,
+             "infer_ratio": 1.3},
+            {"mechanism": "forgetting", "kind": "layer", "n": 512, "batch": 16, "train_ratio": 1.08, "infer_ratio": 1.3,
+             "causal": True},
+            {"mechanism": "forgetting", "kind": "layer", "n": 4096, "batch": 1, "train_ratio": 1.3},
+            {"mechanism": "cat+tisa", "kind": "layer", "n": 512, "batch": 16, "train_ratio": 2.0},
+            {"mechanism": "t5 [native=False]", "kind": "layer", "n": 512, "batch": 16, "train_ratio": 2.0}]
+    lines = targets(rows, {})
+    assert any("train ×1.20 ≤ 1.1" in x and "alibi(heads=2): MISSED" in x for x in lines)
+    assert any("infer ×1.00 ≤ 1.05" in x and "alibi(heads=2): met" in x for x in lines)
+    assert any("train ×1.05 ≤ 1.1" in x and "rope(fraction=0.5): met" in x for x in lines)
+    assert any("causal" in x and "forgetting: met" in x for x in lines)
+    assert any("n=4096" in x and "forgetting: MISSED" in x and "1.25" in x for x in lines)
+    assert not any("infer" in x and ("rope" in x or "forgetting" in x) for x in lines)
+    assert not any("cat+tisa" in x or "native=False" in x for x in lines)

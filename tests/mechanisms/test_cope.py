@@ -31,8 +31,28 @@ def ctx(n: int, keep: torch.Tensor | None = None, causal: bool = True) -> Contex
 
 
 def cope(npos_max: int = 6, causal: bool = True):
+    """A CoPE layer with random position vectors (they start at zero: see the test below)."""
     torch.manual_seed(0)
-    return build([{"name": "cope", "npos_max": npos_max}], dims(causal)).layers[0][0]
+    m = build([{"name": "cope", "npos_max": npos_max}], dims(causal)).layers[0][0]
+    with torch.no_grad():
+        m.pos_emb.normal_(0.0, DH ** -0.5)
+    return m
+
+
+def test_position_vectors_start_at_zero_as_in_the_paper_and_still_learn() -> None:
+    """Golovneva et al. 2024, Appendix B (and x-transformers' CoPE): e = 0 at the start, so the
+    layer starts as plain attention; the first gradient reaches e."""
+    torch.manual_seed(0)
+    m = build([{"name": "cope", "npos_max": 6}], dims()).layers[0][0]
+    assert m.pos_emb.shape == (6, DH) and not m.pos_emb.any()
+    theirs = XCoPE(dim=DH, heads=H, max_pos=6)
+    assert theirs.pos_emb.shape == m.pos_emb.shape and not theirs.pos_emb.any()
+    g = torch.Generator().manual_seed(6)
+    q, k, v = (torch.randn(1, H, N, DH, generator=g) for _ in range(3))
+    got = reference.attend(q, k, v, m.score_terms(q, k, ctx(N)), None, True)
+    torch.testing.assert_close(got, reference.attend(q, k, v, [], None, True))
+    (grad,) = torch.autograd.grad((got * torch.linspace(-1, 1, DH)).sum(), [m.pos_emb])
+    assert grad.abs().sum() > 0
 
 
 @pytest.mark.parametrize("padded", [False, True])

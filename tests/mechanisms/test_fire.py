@@ -4,6 +4,7 @@ and gradients, causality, and clear errors."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -120,6 +121,18 @@ def test_an_encoder_reads_the_absolute_distance() -> None:
     m = build([{"name": "fire", "threshold_init": 6.0}], dims(causal=False)).layers[0][0]
     got = m.score_terms(torch.zeros(1, H, N, DH), None, ctx(N))[0].dense(N)[0].double()
     torch.testing.assert_close(got, slow_bias(m, N, causal=False), atol=1e-5, rtol=1e-5)
+
+
+def test_defaults_are_the_papers_listing() -> None:
+    """Li et al. 2023, Appendix listing: mlp_width 32, init_c 0.1, init_L 512 at training length
+    2048 (here max_len / 4), eps 1e-6, the threshold's multiplier starting at 1 and learned."""
+    from posattn.mechanisms.fire import EPS
+
+    m = build(["fire"], replace(dims(), max_len=2048)).layers[0][0]
+    assert m.mlp_in.out_features == 32 and m.mlp_out.in_features == 32
+    assert float(m.c) == pytest.approx(0.1) and m.c.requires_grad
+    assert float(m.threshold) == 512 and float(m.threshold_scale) == 1.0 and m.threshold_scale.requires_grad
+    assert EPS == 1e-6
 
 
 def test_bad_options_are_refused() -> None:

@@ -16,6 +16,7 @@ from posattn.attention.terms import Dense, LowRank, Toeplitz
 from posattn.errors import PositionError
 from posattn.mechanisms import build
 from posattn.mechanisms.alibi import alibi_slopes
+from posattn.mechanisms.forgetting import TwoSided
 
 N = 9
 
@@ -245,6 +246,22 @@ def test_forgetting_encoder_decays_towards_the_future_with_its_own_gates():
                 lo, hi, g = (j + 1, i, h) if j <= i else (i + 1, j, h + 4)
                 want = sum(float(log_f[t, g]) for t in range(lo, hi + 1))
                 assert abs(float(term.bias[0, h, i, j].detach()) - want) < 1e-10
+
+
+def test_forgetting_encoder_bias_and_its_gradient_equal_the_two_triangles() -> None:
+    """TwoSided (one select, a backward of row and column sums) against autograd through the
+    triangles it replaces: values and gradients for c and c', in float64."""
+    g = torch.Generator().manual_seed(5)
+    past, future = (torch.randn(2, 3, N, generator=g, dtype=torch.float64, requires_grad=True) for _ in range(2))
+    weight = torch.randn(2, 3, N, N, generator=g, dtype=torch.float64)
+    got = TwoSided.apply(past, future)
+    want = (past[..., :, None] - past[..., None, :]).tril() + (future[..., None, :] - future[..., :, None]).triu()
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
+    grads = torch.autograd.grad((got * weight).sum(), (past, future))
+    wants = torch.autograd.grad((want * weight).sum(), (past, future))
+    for a, b in zip(grads, wants):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+    assert torch.autograd.gradcheck(TwoSided.apply, (past, future))
 
 
 def test_forgetting_reads_the_input_so_cached_decoding_recomputes():
