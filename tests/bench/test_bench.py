@@ -213,15 +213,15 @@ def test_ab_times_every_mechanism_again_under_other_policy_fields(tmp_path: Path
 def test_targets_come_from_the_cost_classes_and_keep_the_issues_lists() -> None:
     """The targets derive from each mechanism's cost class; they equal the issues' lists (4, 11, 27)."""
     cheap = ["none", "absolute", "sinusoidal", "rope", "alibi", "diet_abs", "tupe", "segment", "cat", "conv_qkv",
-             "depthwise_conv", "sandwich", "forgetting"]
+             "depthwise_conv", "sandwich", "forgetting", "xpos"]
     tables = ["t5", "fixed_conv", "dynamic_conv", "composite", "key_dynamic_conv", "diet_rel", "tisa", "kerple",
-              "dynamic_pos_bias"]
+              "dynamic_pos_bias", "transformer_xl", "deberta"]
     assert TRAIN_TARGETS == {**dict.fromkeys(cheap, 1.25), **dict.fromkeys(tables, 1.6)}
     score_terms = ["t5", "fixed_conv", "dynamic_conv", "key_dynamic_conv", "composite", "tisa", "diet_rel", "alibi",
-                   "segment", "kerple", "sandwich", "dynamic_pos_bias"]
+                   "segment", "kerple", "sandwich", "dynamic_pos_bias", "transformer_xl", "deberta"]
     heavy = ["conv_qkv", "depthwise_conv", "cat", "diet_abs", "tupe"]
     assert GRID_TARGETS == {**dict.fromkeys(score_terms, (1.10, 1.05)), **dict.fromkeys(heavy, (1.25, 1.15)),
-                            **dict.fromkeys(["rope", "forgetting"], (1.10, None))}  # issue 27: training only
+                            **dict.fromkeys(["rope", "xpos", "forgetting"], (1.10, None))}  # issue 27: training only
     assert MODEL_TARGETS == {name: train for name, (train, infer) in GRID_TARGETS.items() if infer is not None}
 
 
