@@ -262,7 +262,7 @@ def bench_command(args: argparse.Namespace) -> None:
     else:
         print(text)
         if checks:
-            print("\ntargets (issues 4, 11 and 27):")
+            print("\ntargets:")
             print("\n".join("  " + c for c in checks))
         print(f"\nwrote {args.out / 'bench.txt'}, {args.out / 'bench.json'}, {args.out / 'bench.png'}")
     for r in rows:

@@ -136,9 +136,9 @@ def layer_report(recipe: str, records: list[dict[str, Any]], root: str | Path | 
     for k, (title, group) in enumerate(layer_groups(records), 1):
         ours, bench = layer_verdicts(group)
         lines += [f"## {title}", "", *fenced(layer_table(group)), "Provenance:", *provenance_lines(group), "",
-                  "Targets of issue 28 (GPU, bf16):", *(f"- {v}" for v in ours), ""]
+                  "GPU targets (bf16):", *(f"- {v}" for v in ours), ""]
         if bench:
-            lines += ["Targets of `posattn bench` (issues 4 and 11, set on the CPU in fp32) on these rows:",
+            lines += ["The CPU targets of `posattn bench` (set in fp32) on these rows:",
                       *(f"- {v}" for v in bench), ""]
         if out is not None:
             plot([r["result"]["row"] for r in group], out / f"layer-{k}.png")
@@ -202,7 +202,7 @@ def model_report(recipe: str, records: list[dict[str, Any]], out: Path | None) -
             lines += [(f"{REFERENCE} (`absolute`) was timed in this run as the reference of step ÷ posattn absolute; "
                        f"its stored record comes from another run (the store keeps a setup's first measurement)."), ""]
         lines += ["Provenance:", *provenance_lines(group), "",
-                  "Targets of issue 28 (GPU, bf16):",
+                  "GPU targets (bf16):",
                   *(f"- {v}" for v in model_verdicts(rows) or ["none of these rows has a target"]), ""]
     if out is not None and records:
         plot([r["result"]["row"] for r in records], out / "models.png")

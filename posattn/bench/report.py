@@ -1,4 +1,4 @@
-"""Rows, table, plot, JSON, and the issue's targets for ``posattn bench``."""
+"""Rows, table, plot, JSON, and the speed targets for ``posattn bench``."""
 from __future__ import annotations
 
 import math
@@ -127,7 +127,7 @@ def grid_targets(rows: list[dict[str, Any]]) -> list[str]:
 
 
 def targets(rows: list[dict[str, Any]], matches: dict[str, str]) -> list[str]:
-    """The issues' targets that these rows can check, one line each (met / MISSED)."""
+    """The speed targets that these rows can check, one line each (met / MISSED)."""
     out: list[str] = grid_targets(rows)
     for r in rows:
         goal = goal_of(TRAIN_TARGETS, r["mechanism"])

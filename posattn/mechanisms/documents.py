@@ -1,5 +1,5 @@
 """Packed documents laid out apart: the slot layout shared by the mechanisms that convolve or
-mix along the sequence (issue 27, packed sequences).
+mix along the sequence (packed sequences).
 
 A packed row holds several documents back to back (``Context.documents``, non-decreasing
 along the row). A convolution or a block structure must not reach from one document into the
