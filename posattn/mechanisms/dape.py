@@ -7,7 +7,9 @@ key by a small MLP across the heads that also reads the attention logits.
 B: the bias of the mechanism named by ``bias`` (ALiBi by default, as in the paper's main
 results; e.g. ``{"name": "kerple"}``), built inside DAPE, plus any other score term of the
 layer. f_θ: Linear(2h, ``hidden``), LeakyReLU, Linear(``hidden``, h) at every (i, j), one per
-layer. It reads the logits, so it is a :class:`~posattn.attention.terms.ScoreTransform` (the
+layer: the authors' released code (``AliBi_DAPE``, ``ParallelKerpleLog_DAPE``) has the same
+form, width 32, LeakyReLU at its default slope 0.01, the bias added once plainly and once
+through f_θ. It reads the logits, so it is a :class:`~posattn.attention.terms.ScoreTransform` (the
 reference and dense paths). A ``bias`` mechanism that adds no score term leaves nothing to
 adapt: refused.
 """
