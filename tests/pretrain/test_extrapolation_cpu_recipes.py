@@ -26,7 +26,8 @@ def test_pretraining_cpu_recipe_header_runs_every_rescaling_to_16x():
     full = [line for line in find_config("length_extrapolation", "posattn.pretrain", "recipe")[0].splitlines()
             if line.startswith("#   for kind in")]
     assert [line for line in header if line.startswith("#   for kind in")] == full
-    assert all("--multipliers 1 2 4 8 16" in line for line in header if "posattn eval-lm" in line)
+    evals = [line for line in header if "--multipliers" in line]
+    assert len(evals) == 2 and all("--multipliers 1 2 4 8 16 --tokens 16384" in line for line in evals)
     assert any(line.startswith("#   posattn report length_extrapolation_cpu") for line in header)
 
 
