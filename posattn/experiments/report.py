@@ -40,6 +40,7 @@ class Gathered:
     cells: dict[str, dict[str, Any]] = field(default_factory=dict)
     summaries: list[dict[str, Any]] = field(default_factory=list)
     lengths: list[dict[str, Any]] = field(default_factory=list)   # eval-lm rows, whole records
+    made_by: dict[str, str] | None = None   # the provenance of recipe.json: the command that trains the recipe
 
     def counts(self) -> str:
         """``N of M cells present (K missing)``, or what the summary data holds."""
@@ -63,6 +64,7 @@ def gather(recipe: str, root: str | Path | None = None, runs: list[str | Path] =
         if record["kind"] == "recipe":
             got.sweep, got.config, got.total = (record["result"]["sweep"], record["result"]["config"],
                                                 record["result"]["cells_total"])
+            got.made_by = record["provenance"]
         elif record["kind"] == "summary":
             got.summaries.append(record)
         elif record["kind"] == "lengths":
@@ -141,7 +143,8 @@ def _lengths(got: Gathered, out: Path | None) -> str:
     rows, labels = [r["result"] for r in got.lengths], got.config.get("labels", [])
     if out is not None:
         write_length_report(rows, labels, out)
-    return lengths_text(rows, labels, [r["provenance"] for r in got.lengths])
+    commands = sorted((r["provenance"] for r in got.lengths), key=lambda p: p["command"])
+    return lengths_text(rows, labels, [got.made_by] * (got.made_by is not None) + commands)
 
 
 REPORTS = {"compare": _compare, "finetune": _finetune, "pretrain": _pretrain, "table3": _table3, "bench": _bench}

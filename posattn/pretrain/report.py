@@ -155,23 +155,24 @@ def length_claim_rows(rows: list[dict[str, Any]]) -> list[list[str]]:
     for c in parse_claims(LENGTH_CLAIMS, []):
         verdicts, details = [], []
         for rel in c.holds:
-            for n in lengths:
-                stats = _paired(by_label, rel, n)
-                if stats is None:
-                    continue
+            judged = [(n, stats) for n in lengths if (stats := _paired(by_label, rel, n)) is not None]
+            for n, stats in judged:
                 verdict, lines = judge(Claim(c.claim, c.paper, (rel,)), stats)
                 verdicts.append(verdict)
                 details.append(f"{n}: {lines[0]}")
-        if not verdicts:
-            verdicts, details = ["not measured"], ["rows missing: " + ", ".join(
-                sorted({p for r in c.holds for p in (r.left, r.right) if p not in by_label}))]
+            if not judged:
+                missing = [label for label in (rel.left, rel.right) if label not in by_label]
+                verdicts.append("not measured")
+                details.append(f"{rel}: not measured (" + (f"no row {', '.join(missing)}" if missing else
+                                                          "no common length beyond training") + ")")
         out.append(report_row(c, combine(verdicts), details))
     return out
 
 
 def lengths_text(records: list[dict[str, Any]], labels: list[str], provenance: list[dict[str, str]]) -> str:
     """The report's section on perplexity against evaluation length: the table, the two plots, the
-    papers' claims judged, and the commands that made the rows (with their dates and hardware)."""
+    papers' claims judged, and the commands that made the models and rows (``provenance``, in order,
+    with their dates and hardware)."""
     rows = length_rows(records, labels)
     train = rows[0]["train_length"]
     blocks = max((len(v) for r in rows for v in r["block_losses"].values()), default=0)
@@ -190,8 +191,8 @@ def lengths_text(records: list[dict[str, Any]], labels: list[str], provenance: l
               f"scale shows, no more.", "",
               *md_table(["claim", "paper", "ours", "verdict"], length_claim_rows(rows)),
               "### Reproduce", ""]
-    for p in sorted({(p["command"], p["date"], p["hardware"]) for p in provenance}):
-        lines.append(f"- `{p[0]}` ({p[1]}, {p[2]})")
+    for command, date, hardware in dict.fromkeys((p["command"], p["date"], p["hardware"]) for p in provenance):
+        lines.append(f"- `{command}` ({date}, {hardware})")
     return "\n".join(lines) + "\n"
 
 
