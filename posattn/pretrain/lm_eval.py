@@ -140,7 +140,8 @@ def length_sweep(subjects: list[Subject], multipliers: list[float] | None = None
         todo = lengths or [int(round(m * train_length)) for m in (multipliers or [1, 2, 4, 8])]
         jobs.append((s, s.label, None, todo))
         if rope_scaling and length_scaled_config(s.config, rope_scaling, 2.0) is not None:
-            jobs.append((s, f"{s.label} + {rope_scaling}", rope_scaling, todo))
+            fixed = f" (factor {factor:g})" if factor is not None else ""   # apart from the per-length rows
+            jobs.append((s, f"{s.label} + {rope_scaling}{fixed}", rope_scaling, todo))
     rows = []
     bar = tqdm(total=sum(len(j[3]) for j in jobs), desc="eval-lm", disable=not progress, dynamic_ncols=True)
     for s, label, scaling, todo in jobs:

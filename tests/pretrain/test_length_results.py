@@ -125,3 +125,14 @@ def test_rows_of_one_label_merge_and_follow_the_recipe_order():
     rows = length_rows([c, _row("alibi", {"64": [1.0, 1.0]}), b, a], ["none", "rope", "alibi"])
     assert [r["label"] for r in rows] == ["rope", "rope + yarn", "alibi"]
     assert rows[0]["block_losses"] == {"64": [9.0, 9.0], "128": [3.0, 4.0]}   # the first record of a length kept
+
+
+def test_a_fixed_factor_row_is_labelled_apart_from_the_per_length_one(evaluated, tmp_path):
+    """``--factor`` gives another row than the per-length factor, so its label differs and the two
+    never merge in the report."""
+    rope = str(evaluated / "recipe" / "rope")
+    assert main(["eval-lm", rope, "--rope-scaling", "dynamic", "--factor", "2", "--lengths", "16", "32",
+                 "--tokens", "256", "--out", str(tmp_path / "fixed"), "--no-progress"]) == 0
+    rows = json.loads((tmp_path / "fixed" / "lengths.json").read_text())
+    assert [r["label"] for r in rows] == ["rope", "rope + dynamic (factor 2)"]
+    assert rows[1]["factor"] == {"16": 2.0, "32": 2.0} and rows[1]["fixed_factor"] == 2.0
