@@ -184,14 +184,20 @@ def write_report(rows: list[dict[str, Any]], out: str | Path) -> Path:
     return out / "report.md"
 
 
-def length_table(rows: list[dict[str, Any]]) -> list[str]:
+def length_table(rows: list[dict[str, Any]], ratio: bool = False) -> list[str]:
     """Markdown lines: one row per model, perplexity (decoders) or masked-LM loss (encoders) at every
-    length, then the lengths a model could not run and why."""
+    length, then the lengths a model could not run and why. ``ratio``: a last column, the value at
+    the longest length over the value at the training length (the change with length alone)."""
     lengths = sorted({int(n) for r in rows for n in r["valid_loss"]})
-    lines = ["| model | " + " | ".join(str(n) for n in lengths) + " |", "|---|" + "---|" * len(lengths)]
+    extra = [f"{lengths[-1]} / trained"] if ratio and lengths else []
+    lines = ["| model | " + " | ".join([*map(str, lengths), *extra]) + " |",
+             "|---|" + "---|" * (len(lengths) + len(extra))]
     for r in rows:
         metric = "valid_perplexity" if r["kind"] == "decoder" else "valid_loss"
         cells = [f"{r[metric][str(n)]:.2f}" if r[metric].get(str(n)) is not None else "–" for n in lengths]
+        if extra:
+            first, last = r[metric].get(str(r["train_length"])), r[metric].get(str(lengths[-1]))
+            cells.append(f"{last / first:.3f}" if first and last is not None else "–")
         lines.append(f"| {r['label']} | " + " | ".join(cells) + " |")
     notes = [f"- {r['label']} at {n}: {why}" for r in rows for n, why in r["skipped"].items()]
     return lines + (["", "Not run:", *notes] if notes else [])
