@@ -1,8 +1,8 @@
 """MkDocs hooks: the generated pages (posattn.docs_gen) join the site at every build.
 
 on_config adds the results store's recipes to the navigation; on_files adds the generated pages
-(the mechanism and command-line references, the results pages, the examples, the changelog and the
-citation and licence) as files that exist only in the build, never in docs/. The store is $POSATTN_RESULTS, else the repository's results/.
+(the mechanism and command-line references, the results pages and the plots they show, the
+examples, the changelog and the citation and licence) as files that exist only in the build, never in docs/. The store is $POSATTN_RESULTS, else the repository's results/.
 """
 from __future__ import annotations
 
@@ -25,6 +25,6 @@ def on_config(config):
 
 
 def on_files(files, config):
-    for path, text in docs_gen.pages(RESULTS).items():
-        files.append(File.generated(config, path, content=text))
+    for path, content in docs_gen.pages(RESULTS).items():
+        files.append(File.generated(config, path, content=content))
     return files

@@ -7,7 +7,7 @@
   :func:`posattn.cli.parser`: usage, description, options with defaults and help, and the files each
   command writes (declared beside its parser as ``parser.set_defaults(writes={path: meaning})``);
 - :func:`results_pages`: one page per recipe of the results store (``results/``), the text of
-  ``posattn report RECIPE --markdown``;
+  ``posattn report RECIPE --markdown``, with the plots it links (PNG, rendered at build time);
 - :func:`examples_page`: every script of ``examples/`` with its docstring; the changelog, the
   licence and the citation metadata from the repository's own files.
 
@@ -272,17 +272,33 @@ def cli_reference() -> str:
 
 
 # -- results ------------------------------------------------------------------------------------------
-def results_pages(root: str | None = None) -> dict[str, str]:
-    """recipe -> its page: the text of ``posattn report RECIPE --markdown`` (nothing is written)."""
+def results_pages(root: str | None = None, figures: dict[str, bytes] | None = None) -> dict[str, str]:
+    """recipe -> its page: the text of ``posattn report RECIPE --markdown`` (nothing is written in the
+    repository). The report is built in a temporary folder; a plot its text links
+    (``![...](NAME.png)``) is added to ``figures`` as ``results/<recipe>/NAME.png`` and the link
+    rewritten to it."""
+    import tempfile
+
     from .experiments import store
     from .experiments.report import build as build_report
 
     pages = {}
     for recipe in store.recipes(root):
         got, text = build_report(recipe, root)
+        if FIGURE_LINK.search(text):   # built again, with its plots, only where the page shows them
+            with tempfile.TemporaryDirectory() as tmp:
+                got, text = build_report(recipe, root, out=tmp)
+                for name in dict.fromkeys(FIGURE_LINK.findall(text)):
+                    if (Path(tmp) / name).is_file():
+                        if figures is not None:
+                            figures[f"results/{recipe}/{name}"] = (Path(tmp) / name).read_bytes()
+                        text = text.replace(f"]({name})", f"]({recipe}/{name})")
         pages[recipe] = (f"{text.rstrip()}\n\n---\n\nGenerated from `results/{recipe}/` with "
                          f"`posattn report {recipe} --markdown` ({got.counts()}).\n")
     return pages
+
+
+FIGURE_LINK = re.compile(r"!\[[^\]]*\]\(([\w.-]+\.png)\)")   # an image a report links beside itself
 
 
 def results_index(pages: dict[str, str]) -> str:
@@ -351,14 +367,15 @@ def config_reference() -> str:
     return "\n".join(lines)
 
 
-def pages(results_root: str | None = None, root: str | Path | None = None) -> dict[str, str]:
-    """Every generated page: path under docs/ -> Markdown. ``root``: the repository (examples,
-    CHANGELOG.md, CITATION.cff, LICENSE); default: the one this package is in."""
+def pages(results_root: str | None = None, root: str | Path | None = None) -> dict[str, str | bytes]:
+    """Every generated file: path under docs/ -> Markdown (or a results page's PNG plot). ``root``:
+    the repository (examples, CHANGELOG.md, CITATION.cff, LICENSE); default: the one this package is in."""
     root = Path(root) if root is not None else Path(__file__).resolve().parents[1]
-    results = results_pages(results_root)
+    figures: dict[str, bytes] = {}
+    results = results_pages(results_root, figures)
     return {"reference/mechanisms.md": mechanism_reference(), "reference/cli.md": cli_reference(),
             "reference/configs.md": config_reference(),
             "results/index.md": results_index(results),
-            **{f"results/{recipe}.md": text for recipe, text in results.items()},
+            **{f"results/{recipe}.md": text for recipe, text in results.items()}, **figures,
             "examples.md": examples_page(root), "citing.md": license_page(root),
             "changelog.md": Path(root, "CHANGELOG.md").read_text()}

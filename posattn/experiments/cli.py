@@ -49,7 +49,9 @@ def list_command(args: argparse.Namespace) -> None:
         cells = sum(r["kind"] == "cell" for r in records)
         summaries = sum(r["kind"] == "summary" for r in records)
         recipe = next((r["result"] for r in records if r["kind"] == "recipe"), None)
-        tables = f"{summaries} summary table(s)" if summaries else ""
+        lengths = sum(r["kind"] == "lengths" for r in records)
+        tables = ", ".join(filter(None, [f"{summaries} summary table(s)" if summaries else "",
+                                         f"{lengths} eval-lm row(s)" if lengths else ""]))
         if recipe is None:
             print(f"{name:28s} {'-':9s} {tables or f'{cells} cells'}")
             continue

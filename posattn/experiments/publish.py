@@ -6,7 +6,9 @@ device, that device's name, else this machine's accelerator or CPU) and the comm
 (read from the run folder's config). Ids come from the cells' settings, so cells from any
 machine merge by id and a cell already in the store is kept as it is. Beside the cells,
 ``recipe.json`` records the kind of sweep and its config, so that ``posattn report`` can lay out
-the recipe's tables; cells of another config under the same recipe name are refused.
+the recipe's tables; cells of another config under the same recipe name are refused. The rows of
+a ``posattn eval-lm`` folder are stored as ``lengths`` records of the pretraining recipe they
+evaluate (its ``recipe.json`` is left as it is).
 
 Only small result files are copied; a record that would exceed :data:`store.MAX_BYTES` loses its
 per-step ``history`` (the result says so with ``history_dropped``).
@@ -126,12 +128,14 @@ def add_run(folder: str | Path, recipe: str | None = None, root: str | Path | No
     recipe = store.check_name(recipe or run.recipe, "recipe")
     base = store.provenance(command or run.command)
     base["hardware"] = hardware or default_hardware(run)
-    _publish_recipe(run, recipe, base, root)
+    kind = "lengths" if run.sweep == "eval-lm" else "cell"
+    if kind == "cell":
+        _publish_recipe(run, recipe, base, root)
     added = Added(recipe, unfinished=None if run.total is None else max(0, run.total - len(run.cells)))
     for cell_id, result in run.cells.items():
         kept, trimmed = small(result)
         prov = {**base, "date": finish_date(result) or base["date"]}
-        if store.publish(recipe, cell_id, kept, prov, root=root):
+        if store.publish(recipe, cell_id, kept, prov, kind=kind, root=root):
             added.added += 1
             if trimmed:
                 added.trimmed.append(cell_id)

@@ -7,7 +7,9 @@ suites), :mod:`posattn.pretrain.report` (pretraining recipes), :mod:`posattn.hf.
 :mod:`posattn.bench.records` (the GPU benchmark recipes, whose records carry their provenance). A
 recipe known only by summary records (tables whose cells are gone) is rendered from that data by
 :mod:`posattn.experiments.summary`; while its cells are re-run, the summary tables follow the
-partial report until every cell is present. The report says how many of the recipe's cells are
+partial report until every cell is present. A pretraining recipe's ``posattn eval-lm`` rows
+(``lengths`` records) add its perplexity-against-length section
+(:func:`posattn.pretrain.report.lengths_text`). The report says how many of the recipe's cells are
 present.
 """
 from __future__ import annotations
@@ -37,6 +39,8 @@ class Gathered:
     total: int | None = None
     cells: dict[str, dict[str, Any]] = field(default_factory=dict)
     summaries: list[dict[str, Any]] = field(default_factory=list)
+    lengths: list[dict[str, Any]] = field(default_factory=list)   # eval-lm rows, whole records
+    made_by: dict[str, str] | None = None   # the provenance of recipe.json: the command that trains the recipe
 
     def counts(self) -> str:
         """``N of M cells present (K missing)``, or what the summary data holds."""
@@ -45,6 +49,8 @@ class Gathered:
                 return f"{self.recipe}: {len(self.cells)} cells present (the recipe's total is not known)"
             return (f"{self.recipe}: {len(self.cells)} of {self.total} cells present "
                     f"({max(0, self.total - len(self.cells))} missing)")
+        if not self.summaries:
+            return f"{self.recipe}: no cells; {len(self.lengths)} eval-lm row(s)"
         dates = sorted({r["provenance"]["date"] for r in self.summaries})
         return (f"{self.recipe}: no cells; {len(self.summaries)} summary table(s) measured {', '.join(dates)}, "
                 f"regenerated from their recorded numbers")
@@ -58,8 +64,11 @@ def gather(recipe: str, root: str | Path | None = None, runs: list[str | Path] =
         if record["kind"] == "recipe":
             got.sweep, got.config, got.total = (record["result"]["sweep"], record["result"]["config"],
                                                 record["result"]["cells_total"])
+            got.made_by = record["provenance"]
         elif record["kind"] == "summary":
             got.summaries.append(record)
+        elif record["kind"] == "lengths":
+            got.lengths.append(record)
         else:
             got.cells[record["id"]] = record["result"]
     for folder in runs:
@@ -70,7 +79,7 @@ def gather(recipe: str, root: str | Path | None = None, runs: list[str | Path] =
             raise PositionError(f"{folder}: its {run.sweep} config is not the one of recipe {recipe!r} in the store")
         for cell_id, result in run.cells.items():
             got.cells.setdefault(cell_id, result)
-    if got.sweep is None and not got.summaries:
+    if got.sweep is None and not got.summaries and not got.lengths:
         known = ", ".join(store.recipes(root)) or "none"
         raise PositionError(f"no recipe {recipe!r} in {store.results_root(root)}/ and no run folder given "
                             f"(recipes there: {known}); add cells with `posattn results add RUN`")
@@ -128,6 +137,16 @@ def _bench(got: Gathered, out: Path | None) -> str:
     return report(got.recipe, got.config, got.root, out)
 
 
+def _lengths(got: Gathered, out: Path | None) -> str:
+    from posattn.pretrain.report import lengths_text, write_length_report
+
+    rows, labels = [r["result"] for r in got.lengths], got.config.get("labels", [])
+    if out is not None:
+        write_length_report(rows, labels, out)
+    commands = sorted((r["provenance"] for r in got.lengths), key=lambda p: p["command"])
+    return lengths_text(rows, labels, [got.made_by] * (got.made_by is not None) + commands)
+
+
 REPORTS = {"compare": _compare, "finetune": _finetune, "pretrain": _pretrain, "table3": _table3, "bench": _bench}
 
 
@@ -138,7 +157,9 @@ def build(recipe: str, root: str | Path | None = None, runs: list[str | Path] = 
     folder = None if out is None else Path(out)
     if folder is not None:
         folder.mkdir(parents=True, exist_ok=True)
-    if got.sweep is None or (not got.cells and got.summaries):
+    if got.sweep is None and not got.summaries:   # eval-lm rows only
+        text = f"# Pretraining recipe `{recipe}`\n"
+    elif got.sweep is None or (not got.cells and got.summaries):
         text = summary_report(recipe, got.summaries, root)
         if folder is not None:
             write_json_atomic(folder / "results.json", {"name": recipe, "summaries": got.summaries})
@@ -146,6 +167,8 @@ def build(recipe: str, root: str | Path | None = None, runs: list[str | Path] = 
         text = REPORTS[got.sweep](got, folder)
         if got.summaries and len(got.cells) < (got.total or 0):   # the measured table stands until the cells do
             text += "\n\n" + summary_report(recipe, got.summaries, root)
+    if got.lengths:
+        text = text.rstrip() + "\n\n" + _lengths(got, folder)
     if folder is not None:
         write_text_atomic(folder / "report.md", text)
     return got, text

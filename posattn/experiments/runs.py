@@ -12,7 +12,10 @@ Four kinds of run folder exist, each read here into one :class:`Run`:
   (one such folder per run label): a cell is a run, its id is its label, and its record holds
   the run's config and its metrics history;
 - the TISA Table 3 study (``posattn study table3``): ``cells/<variant>-<task>-<seed>.json``
-  and ``results.json`` (its ``protocol`` says how many tasks and seeds it has).
+  and ``results.json`` (its ``protocol`` says how many tasks and seeds it has);
+- a ``posattn eval-lm`` output folder (``lengths.json``): a cell is one row (a model, or a model
+  with a rope rescaling, at every length), its id the hash of the settings that made it; its
+  recipe is the pretraining recipe its models come from, whose report it extends.
 
 Only small result files are read: no model, checkpoint or tensor file is opened.
 """
@@ -72,8 +75,10 @@ def read_run(folder: str | Path) -> Run:
         return _pretrain(folder)
     if any((folder / "cells").glob("*.json")):
         return _table3(folder)
+    if (folder / "lengths.json").is_file():
+        return _lengths(folder)
     raise PositionError(f"{folder} is not a run folder: no compare/finetune config.yaml, no pretraining run "
-                        f"(pretrain.json) and no Table 3 cells (cells/*.json)")
+                        f"(pretrain.json), no Table 3 cells (cells/*.json) and no eval-lm rows (lengths.json)")
 
 
 def _compare(folder: Path, config: dict[str, Any]) -> Run:
@@ -164,3 +169,42 @@ def _table3(folder: Path) -> Run:
               "tasks": tasks, "seeds": seeds}
     total = len(VARIANTS) * len(tasks) * seeds if seeds else None
     return Run(folder, "table3", TABLE3_RECIPE, config, cells, total, command)
+
+
+def length_row_id(row: dict[str, Any]) -> str:
+    """The store id of an eval-lm row: a hash of what determines its numbers (the pretraining run or
+    model it scores, its label, rescaling, fixed factor, tokens and lengths), so that the same row
+    from two output folders (the plain rope row of every ``--rope-scaling`` folder) is one record."""
+    from posattn.experiments.store import content_id
+
+    return content_id({"run": row.get("run") or Path(row["model"]).name, "label": row["label"],
+                       "rope_scaling": row.get("rope_scaling"), "fixed_factor": row.get("fixed_factor"),
+                       "tokens": row.get("tokens"), "lengths": sorted(int(n) for n in row["valid_loss"])})
+
+
+def _lengths(folder: Path) -> Run:
+    from posattn.pretrain.lm_eval import LENGTHS
+
+    path = folder / LENGTHS
+    rows = read_json(path)
+    if not isinstance(rows, list) or not rows:
+        raise PositionError(f"{path}: not eval-lm rows (a non-empty list)")
+    rows = [_mapping(r, path, ("label", "model", "kind", "train_length", "valid_loss", "valid_perplexity", "tokens"))
+            for r in rows]
+    recipes = sorted({str(r["run"]).rpartition("/")[0] or str(r["run"]) for r in rows if r.get("run")})
+    if len(recipes) > 1:
+        raise PositionError(f"{folder}: rows of several pretraining recipes ({', '.join(recipes)}); "
+                            f"evaluate each recipe into its own folder")
+    models = list(dict.fromkeys(str(Path(r["model"]).parent if Path(r["model"]).name == "model" else r["model"])
+                                for r in rows))
+    first = rows[0]
+    lengths = sorted({int(n) for r in rows for n in r["valid_loss"]})
+    scaling = next((r for r in rows if r.get("rope_scaling")), None)
+    command = (f"posattn eval-lm {' '.join(map(shlex.quote, models))} --lengths {' '.join(map(str, lengths))} "
+               f"--tokens {first['tokens']}"
+               + (f" --rope-scaling {scaling['rope_scaling']}" if scaling else "")
+               + (f" --factor {scaling['fixed_factor']:g}" if scaling and scaling.get("fixed_factor") else "")
+               + f" --out {shlex.quote(str(folder))}")
+    cells = {length_row_id(r): r for r in rows}
+    recipe = recipes[0] if recipes else folder.name
+    return Run(folder, "eval-lm", recipe, {"name": recipe}, cells, len(cells), command, first.get("device"))

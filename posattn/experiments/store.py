@@ -8,7 +8,9 @@ Layout: ``results/<recipe>/<cell id>.json``, one record per cell::
      "result": {...the cell's result record, as the sweep wrote it...}}
 
 ``kind`` is ``"cell"`` for a cell's own result, ``"summary"`` for a table whose cells are gone,
-recorded once with its provenance until its cells are re-run, and ``"recipe"`` for the one record
+recorded once with its provenance until its cells are re-run, ``"lengths"`` for a ``posattn
+eval-lm`` row (a trained model's perplexity at every evaluation length, which extends its
+pretraining recipe's report), and ``"recipe"`` for the one record
 ``recipe.json`` that says what the recipe is (the kind of sweep, its config and how many cells it
 has in all), from which ``posattn report`` lays out its tables. Cell ids come from the cell's
 content (its settings), so the same cell run on any machine has the same id: records from
@@ -29,7 +31,7 @@ from posattn.errors import PositionError
 from posattn.runtime.files import check_name, write_json_atomic
 
 ROOT_ENV = "POSATTN_RESULTS"
-KINDS = ("cell", "summary", "recipe")
+KINDS = ("cell", "summary", "recipe", "lengths")
 RECIPE_ID = "recipe"
 MAX_BYTES = 1 << 20  # one record; the store holds results, not models
 

@@ -48,20 +48,28 @@ def plot_recipe(histories: dict[str, list[dict[str, Any]]], path: Path, title: s
 
 
 def plot_lengths(rows: list[dict[str, Any]], path: Path, train_length: int, metric: str) -> None:
-    """``metric`` against evaluation length, one line per model (log-log axes)."""
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for row in rows:
+    """``metric`` against evaluation length, one line per model (log-log axes). Rows labelled
+    ``model + rescaling`` share a colour per rescaling and a line style per model, so that a dozen
+    lines stay apart."""
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    bases = list(dict.fromkeys(row["label"].split(" + ")[0] for row in rows))
+    kinds = list(dict.fromkeys(row["label"].partition(" + ")[2] for row in rows))
+    by_kind = len(kinds) > 1 and len(bases) <= 4
+    for i, row in enumerate(rows):
         points = [(int(n), v) for n, v in row[metric].items() if v is not None]
+        base, _, kind = row["label"].partition(" + ")
+        style = ({"color": f"C{kinds.index(kind) % 10}", "ls": ("-", "--", ":", "-.")[bases.index(base)]}
+                 if by_kind else {"color": f"C{i % 10}", "ls": "-" if i < 10 else "--"})
         if points:
-            ax.plot(*zip(*sorted(points)), "o-", label=row["label"])
+            ax.plot(*zip(*sorted(points)), marker="o", ms=4, label=row["label"], **style)
     ax.axvline(train_length, color="grey", ls=":", label="training length")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.yaxis.set_major_formatter(ScalarFormatter())
     ax.yaxis.set_minor_formatter(ScalarFormatter())
     ax.set_xlabel("evaluation context length (tokens)")
-    ax.set_ylabel(metric.replace("_", " "))
-    ax.legend(fontsize=8)
+    ax.set_ylabel(metric.replace("valid_", "held-out ").replace("_", " "))
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
