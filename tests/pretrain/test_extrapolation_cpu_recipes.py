@@ -39,3 +39,14 @@ def test_synthetic_cpu_recipe_keeps_models_claims_and_lengths_with_two_seeds():
     assert len(cpu["seeds"]) >= 2 and set(cpu["training"]["lr"]) <= set(full["training"]["lr"])
     assert cpu["training"]["steps"] <= full["training"]["steps"]
     assert len(validate_config(cpu).cells) == 9 * len(cpu["seeds"])
+
+
+def test_mqar_cpu_recipe_keeps_the_models_and_claims_of_the_ar_recipe():
+    """The CPU-sized multi-query recipe compares the same mechanisms on the same claims; what
+    differs is the task (every key queried, so it learns within a CPU budget) and its size."""
+    full, mqar = load_config("length_extrapolation_ar"), load_config("length_extrapolation_mqar_cpu")
+    for key in ("models", "claims", "test_multipliers", "d_ff", "n_heads", "init_std"):
+        assert mqar[key] == full[key], key
+    assert mqar["task"] == "mqar" and mqar["train_length"] < full["train_length"]
+    assert mqar["training"]["steps"] < full["training"]["steps"]
+    assert len(validate_config(mqar).cells) == 9 * len(mqar["seeds"]) and len(mqar["seeds"]) >= 3
