@@ -2,6 +2,8 @@
 the same mechanisms, data, training length, optimiser settings, test lengths and claims."""
 from __future__ import annotations
 
+import pytest
+
 from posattn.experiments.config import find_config
 from posattn.pretrain.config import load as load_recipe
 from posattn.synthetic.compare import load_config, validate_config
@@ -31,8 +33,9 @@ def test_pretraining_cpu_recipe_header_runs_every_rescaling_to_16x():
     assert any(line.startswith("#   posattn report length_extrapolation_cpu") for line in header)
 
 
-def test_synthetic_cpu_recipe_keeps_models_claims_and_lengths_with_two_seeds():
-    full, cpu = load_config("length_extrapolation_ar"), load_config("length_extrapolation_ar_cpu")
+@pytest.mark.parametrize("task", ["ar", "copy"])
+def test_synthetic_cpu_recipe_keeps_models_claims_and_lengths_with_two_seeds(task):
+    full, cpu = load_config(f"length_extrapolation_{task}"), load_config(f"length_extrapolation_{task}_cpu")
     for key in ("task", "task_params", "vocab_size", "train_length", "test_multipliers", "examples", "models",
                 "claims", "d_model", "n_heads", "d_ff"):
         assert cpu[key] == full[key], key
