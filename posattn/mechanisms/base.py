@@ -287,6 +287,11 @@ def document_starts(documents: Tensor) -> Tensor:
     return starts
 
 
+def document_rank(documents: Tensor) -> Tensor:
+    """[b, n] long: 0 for a row's first document, 1 for its second, … (whatever the ids are)."""
+    return document_starts(documents).long().cumsum(-1) - 1
+
+
 def document_positions(documents: Tensor) -> Tensor:
     """Position ids [b, n] that restart at 0 where each document of a packed row begins:
     for document ids [[0, 0, 0, 1, 1, 2]] the positions [[0, 1, 2, 0, 1, 0]]."""
@@ -300,7 +305,7 @@ def document_lengths(documents: Tensor, positions: Tensor) -> Tensor:
     """[b, n]: for each token, one more than the largest position id of its document, the length
     the document has when it runs alone (for document ids [[0, 0, 0, 1, 1]] and positions
     restarting per document, [[3, 3, 3, 2, 2]])."""
-    number = document_starts(documents).cumsum(-1) - 1  # each token's document, counted along the row
+    number = document_rank(documents)
     top = torch.zeros_like(positions).scatter_reduce(-1, number, positions, "amax")
     return top.gather(-1, number) + 1
 

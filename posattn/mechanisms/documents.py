@@ -17,12 +17,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from .base import document_starts
-
-
-def document_rank(documents: Tensor) -> Tensor:
-    """[b, n] long: 0 for a row's first document, 1 for its second, … (whatever the ids are)."""
-    return document_starts(documents).long().cumsum(-1) - 1
+from .base import document_rank
 
 
 @dataclass(frozen=True)

@@ -46,9 +46,9 @@ from ..attention.dropout import dropout
 from ..attention.reference import weighted_values
 from ..attention.terms import Term
 from ..errors import PositionError
-from .base import Context, Dims, Softmax, document_positions
+from .base import Context, Dims, Softmax, document_positions, document_rank
 from .conv_layers import CAT
-from .documents import DocumentSlots, document_rank
+from .documents import DocumentSlots
 from .registry import register
 
 Selection = Literal["hard", "soft"]

@@ -28,9 +28,8 @@ from torch import Tensor, nn
 
 from ..attention.terms import Term
 from ..errors import PositionError
-from .base import Context, Dims, Softmax
+from .base import Context, Dims, Softmax, document_rank
 from .conv_layers import CAT
-from .documents import document_rank
 from .registry import register
 
 EPS = 1e-12  # a padded query with no real key before it gets 0, not 0/0

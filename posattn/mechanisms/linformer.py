@@ -31,8 +31,7 @@ from torch import Tensor, nn
 from ..attention.reference import weighted_values
 from ..attention.terms import Term
 from ..errors import PositionError
-from .base import Context, Dims, Mechanism, Softmax, max_len_check
-from .documents import document_rank
+from .base import Context, Dims, Mechanism, Softmax, document_rank, max_len_check
 from .registry import register
 
 Sharing = Literal["none", "head", "kv", "layer"]

@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from posattn.attention import native
-from posattn.mechanisms.base import Context
+from posattn.mechanisms.base import Context, document_rank
 from posattn.mechanisms.conv import conv_method, depthwise_conv1d
-from posattn.mechanisms.documents import DocumentSlots, document_rank
+from posattn.mechanisms.documents import DocumentSlots
 from posattn.mechanisms.lincat import linear_attention, linear_attention_dense
 
 # two rows: documents of 3, 5, 1 and 11 tokens; of 7 and 13 (ids need not start at 0)
