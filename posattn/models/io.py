@@ -65,20 +65,26 @@ def load(folder: str | Path) -> Transformer:
 def load_weights(model: torch.nn.Module, path: str | Path) -> None:
     """Load the safetensors file ``path`` into ``model`` exactly; PositionError naming the file if it is
     missing, truncated, not a safetensors file, or holds other tensors than the model's."""
-    check_weights(path)
+    path = weights_file(path)
     try:
         load_model(model, str(path))
     except Exception as e:  # noqa: BLE001 - safetensors raises its own types for a bad file, torch RuntimeError
         raise unreadable_weights(path, e) from None
 
 
+def weights_file(path: str | Path) -> Path:
+    """``path`` as a Path; PositionError if there is no such file."""
+    path = Path(path)
+    if not path.is_file():
+        raise PositionError(f"{path}: no such weights file")
+    return path
+
+
 def check_weights(path: str | Path) -> None:
     """Refuse a safetensors file that cannot be loaded: missing, truncated, not a safetensors file. Only
     its header is read (and checked against the file's size), so a command refuses a damaged
     checkpoint at once, before it writes anything, however large the file."""
-    path = Path(path)
-    if not path.is_file():
-        raise PositionError(f"{path}: no such weights file")
+    path = weights_file(path)
     try:
         with safe_open(str(path), framework="pt"):
             pass
