@@ -351,13 +351,15 @@ class StrictLoader(yaml.SafeLoader):
     (YAML 1.1 wants ``1.0e-3`` and makes ``1e-3`` a string)."""
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-        seen: set[Any] = set()
+        seen: set[str] = set()
         for key_node, _ in node.value:
             key = self.construct_object(key_node, deep=True)
-            if isinstance(key, str) and key in seen:
+            if not isinstance(key, str):  # config keys are strings; others are left to the schema
+                continue
+            if key in seen:
                 raise yaml.constructor.ConstructorError("while reading a mapping", node.start_mark,
                                                         f"key {key!r} given twice", key_node.start_mark)
-            seen.add(key) if isinstance(key, str) else None
+            seen.add(key)
         return super().construct_mapping(node, deep)
 
 
