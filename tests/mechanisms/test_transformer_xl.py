@@ -8,16 +8,15 @@ import math
 
 import pytest
 import torch
-from core.helpers import model, run, tokens
+from core.helpers import model
 
 from posattn.attention import fast
-from posattn.attention.decode import KVCache
 from posattn.attention.layer import Attention
 from posattn.attention.terms import LowRank, QueryRelative, Toeplitz
 from posattn.mechanisms import Dims, build
 from posattn.mechanisms.base import Context
 
-from .paths import assert_fast_equals_reference
+from .paths import assert_causal_and_decodes_as_recompute, assert_fast_equals_reference
 
 H, DH = 2, 8
 D = H * DH
@@ -126,22 +125,7 @@ def test_long_inputs_take_the_linear_memory_paths():
 
 
 def test_the_decoder_is_causal_and_cached_decoding_equals_recompute():
-    m = model("transformer_xl", causal=True, seed=3)
-    ids = tokens(2, 11, seed=1)
-    other = ids.clone()
-    other[:, 6] = (other[:, 6] + 1) % 30
-    for path in ("reference", "fast"):
-        for mod in m.modules():
-            if isinstance(mod, Attention):
-                mod.path = path
-        a, b = run(m, ids), run(m, other)
-        torch.testing.assert_close(a[:, :6], b[:, :6], rtol=0, atol=0)
-        assert (a[:, 6:] - b[:, 6:]).abs().max() > 1e-6
-    with torch.no_grad():
-        full = m(ids)
-        cache = KVCache()
-        parts = [m.decode(ids[:, :4], cache)] + [m.decode(ids[:, t:t + 1], cache) for t in range(4, 11)]
-    torch.testing.assert_close(torch.cat(parts, 1), full, rtol=1e-9, atol=1e-9)
+    assert_causal_and_decodes_as_recompute(model("transformer_xl", causal=True, seed=3))
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["encoder", "decoder"])
