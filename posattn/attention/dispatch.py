@@ -13,19 +13,19 @@ from typing import Literal
 from torch import Tensor
 
 from ..errors import PositionError
-from .terms import Dense, LowRank, QueryRelative, RowNormalised, ScoreTransform, Term, Toeplitz
+from .terms import Dense, LowRank, QueryRelative, RowNormalised, ScoreTransform, Term, Toeplitz, TwoSided
 
 Path = Literal["sdpa", "dense", "banded", "flash_bias", "fused", "flex"]
 
 HANDLES: dict[str, tuple[type[Term], ...]] = {
     "sdpa": (LowRank,),  # folded into q/k; nothing else reaches SDPA's own kernel
     # one bias (Term.bias), low-rank folded; with a score transform the scores are written out
-    "dense": (Toeplitz, LowRank, QueryRelative, Dense, RowNormalised, ScoreTransform),
+    "dense": (Toeplitz, LowRank, QueryRelative, Dense, RowNormalised, TwoSided, ScoreTransform),
     "banded": (Toeplitz, LowRank, QueryRelative),  # terms constant beyond a window; low-rank folded
-    # table, band chunks, dense chunks, row-normalised blocks
-    "flash_bias": (Toeplitz, LowRank, QueryRelative, Dense, RowNormalised),
-    "fused": (Toeplitz, LowRank, QueryRelative),  # the C++ kernels' inputs (Term.kernel_input)
-    "flex": (Toeplitz, LowRank, QueryRelative, Dense),  # inside score_mod; low-rank folded
+    # table, band chunks, dense chunks, row-normalised and two-sided blocks
+    "flash_bias": (Toeplitz, LowRank, QueryRelative, Dense, RowNormalised, TwoSided),
+    "fused": (Toeplitz, LowRank, QueryRelative, TwoSided),  # the C++ kernels' inputs (Term.kernel_input)
+    "flex": (Toeplitz, LowRank, QueryRelative, Dense, TwoSided),  # inside score_mod; low-rank folded
 }
 
 

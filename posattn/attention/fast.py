@@ -29,8 +29,8 @@ the term structures, the device and the length, never from a mechanism's name:
   ``fused_grad_max_n`` on where that backward is one fused C++ kernel (:mod:`.native`: tables
   alone, no padding, float32; then it costs no more than SDPA's own fused backward):
   :mod:`.flash_bias`, linear memory beyond the terms themselves.
-- ``fused`` (CPU, float32), up to ``fused_max_n``: query/key-relative terms (with or without
-  tables), where the dense bias would be gathered per batch row and SDPA would run its math
+- ``fused`` (CPU, float32), up to ``fused_max_n``: query/key-relative and two-sided terms (with
+  or without tables), where the dense bias would be gathered per batch row and SDPA would run its math
   path, and where the banded pieces cost more than the kernel (beyond ``fused_max_n`` banded
   wins: it leaves most scores to SDPA's kernel); every fusable term set in a decoder from
   ``causal_fused_min_n`` on, where whole blocks of masked keys are skipped (SDPA's CPU kernel
@@ -72,7 +72,17 @@ from .flex import flex_attend
 from .fold import fold_low_rank
 from .fused import fused_attention, kernel_inputs
 from .masking import allowed_mask
-from .terms import Dense, LowRank, QueryRelative, RowNormalised, ScoreTransform, Term, Toeplitz, split_transforms
+from .terms import (
+    Dense,
+    LowRank,
+    QueryRelative,
+    RowNormalised,
+    ScoreTransform,
+    Term,
+    Toeplitz,
+    TwoSided,
+    split_transforms,
+)
 
 
 @dataclass(frozen=True)
@@ -182,7 +192,8 @@ def plan(q: Tensor, terms: list[Term], causal: bool, dropout: float = 0.0, train
         return "banded"
     if policy.force == "fused" and _fusable(q, rest, policy):
         return "fused"
-    tables = _position_only(rest)
+    # a two-sided term is computed from each input row: batch-free at batch 1 by accident, never a table
+    tables = _position_only(rest) and not any(isinstance(t, TwoSided) for t in rest)
     skips_blocks = causal and n >= policy.causal_fused_min_n
     if n <= policy.fused_max_n and (skips_blocks or not tables) and _fusable(q, rest, policy):
         return "fused"
@@ -462,6 +473,16 @@ def _row_normalised_chunk(term: RowNormalised, n: int) -> ChunkFn:
     return build
 
 
+def _two_sided_chunk(term: TwoSided, n: int) -> ChunkFn:
+    """Chunk builder of a two-sided term over reversed keys, inputs (a, x, b, y): the block of
+    rows i0 … i1 − 1 from the four vectors (:meth:`TwoSided.block`), never an n×n tensor."""
+    def build(inputs: Sequence[Tensor], i0: int, i1: int, j0: int) -> Tensor:
+        dev = inputs[0].device
+        return TwoSided(*inputs).block(torch.arange(i0, i1, device=dev), torch.arange(n - 1 - j0, -1, -1, device=dev))
+
+    return build
+
+
 def _flash_bias(q: Tensor, k: Tensor, v: Tensor, rest: list[Term], keep: Tensor | None, causal: bool,
                 policy: Policy) -> Tensor:
     n = q.shape[-2]
@@ -480,6 +501,9 @@ def _flash_bias(q: Tensor, k: Tensor, v: Tensor, rest: list[Term], keep: Tensor 
         elif isinstance(t, RowNormalised):
             extras.append((_row_normalised_chunk(t, n), len(t.inputs())))
             inputs += t.inputs()
+        elif isinstance(t, TwoSided):
+            extras.append((_two_sided_chunk(t, n), 4))
+            inputs += t.tensors()
         else:
             raise refused("flash_bias", t)
     geo = BiasGeometry(causal, keep, policy.flash_chunk, policy.grad_chunk, extras=tuple(extras), native=policy.native)

@@ -227,7 +227,7 @@ class FlashBias(torch.autograd.Function):
                and q.dtype == torch.float32 and table.dim() == 2 else None)
         if lib is not None:  # one table, nothing else: every gradient from the fused kernel
             dq, dk, dv, dtable, *_ = lib.biased_backward(q, kr.flip(-2), vr.flip(-2), table, None, None, None,
-                                                         None, out, lse, do, geo.causal, native.BLOCK)
+                                                         None, None, out, lse, do, geo.causal, native.BLOCK)
             return (None, dq, dk, dv, dtable)
         d = (do * out).sum(-1)
         dq = torch.empty_like(q)

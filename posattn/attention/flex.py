@@ -1,7 +1,7 @@
 """CUDA: FlexAttention with the score terms inside the fused kernel (forward and backward).
 
-Low-rank terms fold into q/k as on every path; Toeplitz tables, query/key-relative products
-and dense biases are read in ``score_mod``; padding, causality and the documents of packed
+Low-rank terms fold into q/k as on every path; Toeplitz tables, query/key-relative products,
+two-sided vectors and dense biases are read in ``score_mod``; padding, causality and the documents of packed
 rows become a block mask, so
 fully hidden blocks are skipped. Gradients reach every captured tensor (FlexAttention
 differentiates through ``score_mod`` on CUDA). Not available on CPU for training; the CPU
@@ -17,7 +17,7 @@ from torch import Tensor
 
 from .dispatch import refused
 from .fold import fold_low_rank
-from .terms import Dense, LowRank, QueryRelative, Term, Toeplitz
+from .terms import Dense, LowRank, QueryRelative, Term, Toeplitz, TwoSided
 
 BLOCK = 128   # FlexAttention's default block size (queries and keys)
 
@@ -66,6 +66,7 @@ def flex_attend(q: Tensor, k: Tensor, v: Tensor, low: list[LowRank], rest: list[
     query_prods: list[tuple[Tensor, int]] = []
     key_prods: list[tuple[Tensor, int]] = []
     dense: list[Tensor] = []
+    sided: list[Tensor] = []  # [4, b, h, N]: a, x, b, y
     for t in rest:
         if isinstance(t, Toeplitz):    # offsets −(n−1)..n−1 sit at the middle of −(N−1)..N−1
             part = pad(t.table, extra, extra).expand(h, 2 * big - 1)
@@ -78,6 +79,8 @@ def flex_attend(q: Tensor, k: Tensor, v: Tensor, low: list[LowRank], rest: list[
         elif isinstance(t, Dense):
             bias = t.bias if t.bias.dim() == 4 else t.bias.unsqueeze(0)
             dense.append(pad(bias, 0, extra, 0, extra).expand(b, h, big, big))
+        elif isinstance(t, TwoSided):
+            sided.append(pad(torch.stack(torch.broadcast_tensors(*t.vectors())), 0, extra).expand(4, b, h, big))
         else:  # low-rank terms arrive in ``low``, folded above
             raise refused("flex", t)
 
@@ -91,6 +94,9 @@ def flex_attend(q: Tensor, k: Tensor, v: Tensor, low: list[LowRank], rest: list[
             score = score + prod[bi, hi, ki, torch.clamp(-r, -w, w) + w]
         for bias in dense:
             score = score + bias[bi, hi, qi, ki]
+        for s in sided:
+            score = score + torch.where(ki <= qi, s[0, bi, hi, qi] + s[1, bi, hi, ki],
+                                        s[2, bi, hi, qi] + s[3, bi, hi, ki])
         return score
 
     block_mask = None

@@ -76,8 +76,8 @@ class Term:
 
     def kernel_input(self) -> tuple[str, Tensor]:
         """(name, tensor) of this term as an input of the fused C++ kernels: ``table``
-        [h|1, 2n − 1], ``qband`` / ``kband`` [b, h, n, 2w + 1], or ``lowrank`` [2, b|1, h|1, n, r]
-        (u and v)."""
+        [h|1, 2n − 1], ``qband`` / ``kband`` [b, h, n, 2w + 1], ``lowrank`` [2, b|1, h|1, n, r]
+        (u and v), or ``sided`` [4, b|1, h|1, n] (a, x, b, y of :class:`TwoSided`)."""
         raise NotImplementedError
 
 
@@ -240,6 +240,81 @@ class Dense(Term):
 
     def first_row(self) -> Dense:
         return Dense(self.bias[:1]) if self.bias.dim() == 4 else self
+
+
+class _TwoSidedDense(torch.autograd.Function):
+    """The dense form of :class:`TwoSided` from a, x, b, y [..., n]: [..., n, n].
+
+    Backward, with G = ∂L/∂t and L its lower triangle (j ≤ i): ∂a = rowsums(L), ∂x = colsums(L),
+    ∂b = rowsums(G) − rowsums(L), ∂y = colsums(G) − colsums(L): one masked pass and four
+    reductions over G, instead of autograd's two broadcast sums and a masked select per side."""
+
+    @staticmethod
+    def forward(ctx: object, a: Tensor, x: Tensor, b: Tensor, y: Tensor) -> Tensor:
+        n = x.shape[-1]
+        lower = torch.ones(n, n, dtype=torch.bool, device=x.device).tril()
+        ctx.save_for_backward(lower)  # type: ignore[attr-defined]
+        ctx.shapes = tuple(t.shape for t in (a, x, b, y))  # type: ignore[attr-defined]
+        return torch.where(lower, a[..., :, None] + x[..., None, :], b[..., :, None] + y[..., None, :])
+
+    @staticmethod
+    def backward(ctx: object, grad: Tensor) -> tuple[Tensor, ...]:
+        (lower,) = ctx.saved_tensors  # type: ignore[attr-defined]
+        low = grad * lower
+        rows, cols, rows_low, cols_low = grad.sum(-1), grad.sum(-2), low.sum(-1), low.sum(-2)
+        grads = (rows_low, cols_low, rows - rows_low, cols - cols_low)
+        return tuple(g.sum_to_size(shape) for g, shape in zip(grads, ctx.shapes))  # type: ignore[attr-defined]
+
+
+@dataclass
+class TwoSided(Term):
+    """t_ij = a_i + x_j for j ≤ i and b_i + y_j for j > i: a separable term on each side of the
+    diagonal (the Forgetting Transformer's bidirectional gates: a = c, x = −c, b = −c', y = c').
+    Each side alone is rank 2; together they are dense, but every block of the term comes from
+    the four [b|1, h|1, n] vectors, so the fused kernels add it and reduce dS into their
+    gradients (row and column sums per side) without an n×n tensor."""
+
+    lower_row: Tensor  # a [b|1, h|1, n]
+    lower_col: Tensor  # x
+    upper_row: Tensor  # b
+    upper_col: Tensor  # y
+
+    def vectors(self) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """(a, x, b, y)."""
+        return self.lower_row, self.lower_col, self.upper_row, self.upper_col
+
+    def dense(self, n: int) -> Tensor:
+        return _TwoSidedDense.apply(*self.vectors())
+
+    def block(self, rows: Tensor, keys: Tensor) -> Tensor:
+        """[b|1, h|1, m, k]: the term at query rows ``rows`` ([b|1, m] or [m]) and keys ``keys`` [k]."""
+        rows = rows if rows.dim() == 2 else rows[None]
+        a, x, b, y = self.vectors()
+
+        def at_rows(t: Tensor) -> Tensor:
+            return torch.take_along_dim(t, rows[:, None].expand(t.shape[0], t.shape[1], -1), dim=-1)
+
+        lower = (keys <= rows[..., None])[:, None]  # [b|1, 1, m, k]
+        return torch.where(lower, at_rows(a)[..., None] + x[..., None, keys],
+                           at_rows(b)[..., None] + y[..., None, keys])
+
+    def rows(self, index: Tensor, n: int) -> Tensor:
+        return self.block(index, torch.arange(n, device=index.device))
+
+    def tensors(self) -> list[Tensor]:
+        return list(self.vectors())
+
+    def position_only(self) -> bool:
+        return all(batch_free(t) for t in self.vectors())
+
+    def first_row(self) -> TwoSided:
+        return TwoSided(*(t[:1] for t in self.vectors()))
+
+    def fusable(self) -> bool:
+        return True
+
+    def kernel_input(self) -> tuple[str, Tensor]:
+        return "sided", torch.stack(torch.broadcast_tensors(*self.vectors()))
 
 
 @dataclass

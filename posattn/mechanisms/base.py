@@ -54,7 +54,8 @@ COST_CLASSES: dict[str, str] = {
     "wide_low_rank": "a low-rank score term as wide as a head (doubles the q/k width, or a dense bias)",
     "learned_table": "a learned score table over offsets (a bias kernel with its own gradient)",
     "relative_embedding": "a content-dependent score term q_i·W[j − i] or k_j·W[i − j]",
-    "data_dependent_bias": "a score term computed from the layer input (low-rank in a decoder, n×n in an encoder)",
+    "data_dependent_bias": ("a score term computed from the layer input (low-rank in a decoder, separable on each side "
+                            "of the diagonal in an encoder)"),
     "convolution": "convolutions of q, k, v or the output along the sequence",
     "mixer": "a replacement of softmax(s)·V itself",
     "learned_function": "a learned function at every score (an MLP per query row and offset, built in blocks)",

@@ -9,10 +9,10 @@ Each head has a scalar forget gate per token, computed from the layer's input x:
 a decay that ALiBi would give with log f_t = −m_h, but learned and content-dependent. In a
 decoder the term is exactly rank 2, u_i = (c_i, 1) and v_j = (1, −c_j), so it folds into q/k
 like any low-rank term. In an encoder (x-transformers' bidirectional form) a second set of gates
-f'_t decays towards the future, s_ij += c'_j − c'_i for j ≥ i: the two triangles make it a dense
-[b, h, n, n] term, written in one select over the two triangles (:class:`TwoSided`) whose backward
-reduces dS to the row and column sums that c and c' need, instead of autograd's chain of
-differences, triangle masks and broadcast reductions (each a pass over n×n). ``post_log_scale``
+f'_t decays towards the future, s_ij += c'_j − c'_i for j > i: the two triangles make it dense,
+but each is separable (a row value plus a key value), a :class:`~posattn.attention.terms.TwoSided`
+term, which the fused kernels add from c and c' block by block and whose gradient they reduce
+from dS as row and column sums per triangle, with no n×n tensor. ``post_log_scale``
 multiplies log f (x-transformers' option); the gate bias starts at ``bias_init`` (x-transformers'
 5: σ(5) ≈ 0.993, a slow decay at first).
 
@@ -21,37 +21,13 @@ model with this mechanism recomputes the prefix when generating.
 """
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from ..attention.terms import Dense, LowRank, Term
+from ..attention.terms import LowRank, Term, TwoSided
 from .base import Context, Dims, Mechanism, Structure, document_positions
 from .registry import register
-
-
-class TwoSided(torch.autograd.Function):
-    """B_ij = c_i − c_j for j ≤ i and c'_j − c'_i for j > i, from c, c' [..., n]: [..., n, n].
-
-    Backward, with G = ∂L/∂B and T its lower triangle (j ≤ i): ∂L/∂c = rowsums(T) − colsums(T)
-    and ∂L/∂c' = (colsums(G) − colsums(T)) − (rowsums(G) − rowsums(T)): one masked pass and four
-    reductions over G (the diagonal, where both forms are 0, cancels in each)."""
-
-    @staticmethod
-    def forward(ctx: Any, past: Tensor, future: Tensor) -> Tensor:
-        n = past.shape[-1]
-        lower = torch.ones(n, n, dtype=torch.bool, device=past.device).tril()
-        ctx.save_for_backward(lower)
-        return torch.where(lower, past[..., :, None] - past[..., None, :], future[..., None, :] - future[..., :, None])
-
-    @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, Tensor]:
-        (lower,) = ctx.saved_tensors
-        low = grad * lower
-        rows, cols, rows_low, cols_low = grad.sum(-1), grad.sum(-2), low.sum(-1), low.sum(-2)
-        return rows_low - cols_low, (cols - cols_low) - (rows - rows_low)
 
 
 @register("forgetting")
@@ -103,7 +79,7 @@ class ForgettingGate(Mechanism):
         if ctx.causal:
             ones = torch.ones_like(past)
             return [LowRank(u=torch.stack([past, ones], -1), v=torch.stack([ones, -past], -1))]
-        return [Dense(TwoSided.apply(past, future))]  # c_i − c_j for j ≤ i, c'_j − c'_i for j > i
+        return [TwoSided(past, -past, -future, future)]  # c_i − c_j for j ≤ i, c'_j − c'_i for j > i
 
     def position_structures(self, n: int, ctx: Context) -> list[Structure]:
         """None: the bias is computed from the input, not a position structure of its own."""

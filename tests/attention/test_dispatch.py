@@ -34,13 +34,14 @@ def example(kind: type[terms.Term], seed: int = 0) -> tuple[torch.Tensor, ...] |
             torch.log1p(torch.arange(N, dtype=torch.float32)), torch.log1p(torch.arange(N).clamp(min=5).float())[None],
             (torch.randn(H, generator=g),), lambda x, p: torch.sin(x[..., None] * p[0])),
         terms.ScoreTransform: lambda: terms.ScoreTransform(lambda lg, b, ok, rows: 3 * torch.tanh(lg + b)),
+        terms.TwoSided: lambda: terms.TwoSided(*(torch.randn(B, H, N, generator=g) for _ in range(4))),
     }
     return q, k, v, made[kind]()
 
 
 def test_every_term_type_is_listed_and_every_path_declared() -> None:
     assert set(TERM_TYPES) == {terms.Toeplitz, terms.LowRank, terms.QueryRelative, terms.Dense,
-                               terms.RowNormalised, terms.ScoreTransform}
+                               terms.RowNormalised, terms.ScoreTransform, terms.TwoSided}
     assert set(HANDLES) == set(get_args(Path))
 
 

@@ -20,7 +20,7 @@ from posattn.attention.fast import Policy, plan, using
 from posattn.attention.flash_bias import antidiag_sum
 from posattn.attention.kernels import flash_fwd
 from posattn.attention.layer import Attention
-from posattn.attention.terms import Dense, LowRank, QueryRelative, Term, Toeplitz, relative_index
+from posattn.attention.terms import Dense, LowRank, QueryRelative, Term, Toeplitz, TwoSided, relative_index
 from posattn.mechanisms.conv import METHODS, conv_method, depthwise_conv1d
 from posattn.models import Decoder, Encoder, ModelConfig
 
@@ -163,6 +163,8 @@ def structures(q, k, n: int, h: int) -> dict[str, tuple[list[Term], list[torch.T
     u, vv = rand(1, h, n, 3, seed=6), rand(1, h, n, 3, seed=7)
     lr = LowRank(u, vv)
     dense = rand(1, h, n, n, seed=8)
+    sides = [rand(b, h, n, seed=20 + i) for i, b in enumerate((q.shape[0], 1, q.shape[0], 1))]
+    sided = TwoSided(*sides)
     return {
         "toeplitz-window": ([t3], [p3], "banded"),
         "two-windows+lowrank": ([t3, t5, lr], [p3, p5, u, vv], "banded"),
@@ -175,6 +177,8 @@ def structures(q, k, n: int, h: int) -> dict[str, tuple[list[Term], list[torch.T
         "wide-query+key-relative": ([qw, kw], [ww, wk2], "flash_bias"),
         "dense+toeplitz": ([Dense(dense), t3], [dense, p3], "flash_bias"),
         "dense-only": ([Dense(dense)], [dense], "flash_bias"),
+        "two-sided": ([sided], sides, "flash_bias"),
+        "two-sided+toeplitz-full+lowrank": ([sided, tf, lr], [*sides, pf, u, vv], "flash_bias"),
         # no bias gradient (ALiBi, inference tables): the fused kernel's own backward
         "toeplitz-full-fixed": ([Toeplitz(pf.detach())], [], "flash_bias"),
         "toeplitz-fixed+dense-fixed": ([Toeplitz(pf.detach()), Dense(dense.detach())], [], "flash_bias"),

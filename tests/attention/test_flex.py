@@ -12,7 +12,7 @@ from torch._dynamo.utils import counters
 from posattn.attention import reference
 from posattn.attention.fast import _flex_available
 from posattn.attention.flex import BLOCK, flex_attend
-from posattn.attention.terms import Dense, LowRank, QueryRelative, Term, Toeplitz
+from posattn.attention.terms import Dense, LowRank, QueryRelative, Term, Toeplitz, TwoSided
 
 pytestmark = pytest.mark.skipif(not _flex_available(), reason="this torch has no FlexAttention")
 B, H, D, W = 2, 2, 8, 3
@@ -27,6 +27,7 @@ def every_kind(n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Ten
         QueryRelative(q, torch.randn(2 * W + 1, D, generator=g), W, 0.5),
         QueryRelative(k, torch.randn(H, 2 * W + 1, D, generator=g), W, 0.5, key_side=True),
         Dense(torch.randn(B, H, n, n, generator=g)),
+        TwoSided(*(torch.randn(b, H, n, generator=g) for b in (B, 1, B, 1))),
     ]
     return q, k, v, terms
 

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 from posattn.attention import fast, native, reference
 from posattn.attention.fast import Policy, plan
-from posattn.attention.terms import LowRank, QueryRelative, Term, Toeplitz
+from posattn.attention.terms import LowRank, QueryRelative, Term, Toeplitz, TwoSided
 
 from .test_fast_paths import keep_mask
 
@@ -149,14 +149,17 @@ def test_a_killed_build_does_not_hang_the_next(lib, tmp_path):
 def test_kernel_rejects_bad_input(lib):
     q = torch.randn(1, 2, 8, 4)
     with pytest.raises(RuntimeError, match="table must be"):
-        lib.biased_backward(q, q, q, torch.randn(3, 15), None, None, None, None, q, torch.randn(1, 2, 8), q, False, 4)
-    with pytest.raises(RuntimeError, match="float32"):
-        lib.biased_backward(q.double(), q, q, torch.randn(2, 15), None, None, None, None, q, torch.randn(1, 2, 8), q,
+        lib.biased_backward(q, q, q, torch.randn(3, 15), None, None, None, None, None, q, torch.randn(1, 2, 8), q,
                             False, 4)
+    with pytest.raises(RuntimeError, match="float32"):
+        lib.biased_backward(q.double(), q, q, torch.randn(2, 15), None, None, None, None, None, q,
+                            torch.randn(1, 2, 8), q, False, 4)
     with pytest.raises(RuntimeError, match="keep must be"):
-        lib.biased_forward(q, q, q, None, None, None, None, torch.ones(1, 8), False, 4)
+        lib.biased_forward(q, q, q, None, None, None, None, None, torch.ones(1, 8), False, 4)
     with pytest.raises(RuntimeError, match="lowrank must be"):
-        lib.biased_forward(q, q, q, None, None, None, torch.randn(2, 1, 1, 8, 3), None, False, 4)
+        lib.biased_forward(q, q, q, None, None, None, torch.randn(2, 1, 1, 8, 3), None, None, False, 4)
+    with pytest.raises(RuntimeError, match="sided must be"):
+        lib.biased_forward(q, q, q, None, None, None, None, torch.randn(4, 1, 1, 8), None, False, 4)
 
 
 def relative_weight(h: int, d: int, window: int, per_head: bool, seed: int) -> torch.Tensor:
@@ -165,7 +168,8 @@ def relative_weight(h: int, d: int, window: int, per_head: bool, seed: int) -> t
 
 
 CASES = {  # name -> [(kind, window or rank, per_head)]: kind "table", "q" (query-relative),
-    #          "k" (key-relative) or "low" (u·vᵀ, u per head [1, h, n, r], v per batch row [b, 1, n, r])
+    #          "k" (key-relative), "low" (u·vᵀ, u per head [1, h, n, r], v per batch row [b, 1, n, r])
+    #          or "sided" (two-sided: a, b per batch row [b, h, n], x, y shared by the batch [1, h, n])
     "table": [("table", 0, True)],
     "query-relative": [("q", 3, True)],
     "key-relative": [("k", 2, False)],
@@ -173,6 +177,8 @@ CASES = {  # name -> [(kind, window or rank, per_head)]: kind "table", "q" (quer
     "two query windows + key + table": [("q", 2, True), ("q", 5, False), ("k", 4, True), ("table", 0, True)],
     "low-rank": [("low", 2, True)],
     "two low-rank + query-relative + table": [("low", 1, True), ("low", 3, True), ("q", 2, True), ("table", 0, True)],
+    "two-sided": [("sided", 0, True)],
+    "two two-sided + low-rank + table": [("sided", 0, True), ("sided", 0, True), ("low", 2, True), ("table", 0, True)],
 }
 
 
@@ -187,6 +193,9 @@ def case_weights(specs: list[tuple[str, int, bool]], table: torch.Tensor, b: int
         elif kind == "low":
             out += [torch.randn(1, h, n, size, generator=g, dtype=torch.float64),
                     torch.randn(b, 1, n, size, generator=g, dtype=torch.float64)]
+        elif kind == "sided":
+            out += [torch.randn(*shape, generator=g, dtype=torch.float64)
+                    for shape in ((b, h, n), (1, h, n), (b, h, n), (1, h, n))]
         else:
             out.append(relative_weight(h, d, size, per_head, seed=i))
     return out
@@ -196,6 +205,7 @@ def case_terms(specs: list[tuple[str, int, bool]], leaves: list[torch.Tensor], q
                k: torch.Tensor) -> list[Term]:
     it = iter(leaves)
     return [Toeplitz(next(it)) if kind == "table" else LowRank(next(it), next(it)) if kind == "low"
+            else TwoSided(next(it), next(it), next(it), next(it)) if kind == "sided"
             else QueryRelative(k if kind == "k" else q, next(it), size, 0.3, key_side=kind == "k")
             for kind, size, _ in specs]
 
@@ -206,9 +216,10 @@ def case_terms(specs: list[tuple[str, int, bool]], leaves: list[torch.Tensor], q
 @pytest.mark.parametrize("case", list(CASES))
 def test_fused_path_equals_the_reference(calls, monkeypatch, case, causal, pad, block):
     """Forward and backward kernels (tables, clipped query/key-relative bands summed and
-    widened, low-rank factors concatenated; padding keys hidden) against the float64 reference:
-    outputs and every gradient, including W's, u's and v's; in one block of query rows, and in
-    three (a decoder's kernels skip the keys after each block, the last block is short)."""
+    widened, low-rank factors concatenated, two-sided vectors summed; padding keys hidden) against
+    the float64 reference: outputs and every gradient, including W's, u's, v's and a, x, b, y's;
+    in one block of query rows, and in three (a decoder's kernels skip the keys after each block,
+    the last block is short)."""
     if block is not None:
         monkeypatch.setattr(native, "BLOCK", block)
     b, h, n, d = 2, 3, 37, 8
@@ -262,6 +273,20 @@ def test_default_plans_with_the_kernels():
         with torch.no_grad():
             assert plan(q, [Toeplitz(table)], True) == "fused"
         assert plan(q, [Toeplitz(table)], True, policy=Policy(causal_fused_min_n=4096)) == "flash_bias"
+
+
+def test_default_plans_for_two_sided_terms():
+    """An encoder's two-sided term (forget gates): fused up to fused_max_n at any batch (at batch 1
+    it is batch-free, yet no position table), flash-bias beyond, dense without the kernels."""
+    for b, n in ((1, 64), (16, 512), (1, 4096)):
+        q = torch.zeros(b, 2, n, 8, requires_grad=True)
+        sided = [TwoSided(*(torch.zeros(b, 2, n, requires_grad=True) for _ in range(4)))]
+        assert plan(q, sided, False) == "fused"
+        with torch.no_grad():
+            assert plan(q, sided, False) == "fused"
+        assert plan(q, sided, False, policy=Policy(native=False)) == ("dense" if n <= 512 else "flash_bias")
+    q = torch.zeros(1, 2, 8192, 8)
+    assert plan(q, [TwoSided(*(torch.zeros(1, 2, 8192) for _ in range(4)))], False) == "flash_bias"
 
 
 def test_default_plans_for_narrow_low_rank_terms():

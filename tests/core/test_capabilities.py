@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from posattn.attention.layer import mix
-from posattn.attention.terms import Dense, LowRank, QueryRelative, RowNormalised, ScoreTransform, Toeplitz
+from posattn.attention.terms import Dense, LowRank, QueryRelative, RowNormalised, ScoreTransform, Toeplitz, TwoSided
 from posattn.mechanisms import COST_CLASSES, REGISTRY, Context, Dims, build, cost_classes, names
 
 DIMS = Dims(d_model=16, n_heads=2, n_layers=1, max_len=16, n_segments=2, causal=False)
@@ -45,7 +45,7 @@ def test_cost_class_follows_from_what_the_mechanism_builds(name: str) -> None:
         "fixed_bias": kinds == {Toeplitz} and not learned,
         "learned_table": kinds == {Toeplitz} and learned,
         "relative_embedding": QueryRelative in kinds,
-        "data_dependent_bias": mech.reads_layer_input and bool(kinds) and kinds <= {LowRank, Dense},
+        "data_dependent_bias": mech.reads_layer_input and bool(kinds) and kinds <= {LowRank, TwoSided, Dense},
         "narrow_low_rank": LowRank in kinds and rank < DIMS.head_dim,
         "wide_low_rank": LowRank in kinds and rank >= DIMS.head_dim,
         "convolution": not terms and not mech.mixes and set(mech.acts_on) <= {"q", "k", "v", "output"},

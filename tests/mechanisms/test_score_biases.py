@@ -12,11 +12,10 @@ import torch
 from core.helpers import context, dims, layer_mechanism, model, run, tokens
 
 from posattn.attention.decode import KVCache, blockers
-from posattn.attention.terms import Dense, LowRank, Toeplitz
+from posattn.attention.terms import LowRank, Toeplitz, TwoSided
 from posattn.errors import PositionError
 from posattn.mechanisms import build
 from posattn.mechanisms.alibi import alibi_slopes
-from posattn.mechanisms.forgetting import TwoSided
 
 N = 9
 
@@ -238,30 +237,36 @@ def test_forgetting_encoder_decays_towards_the_future_with_its_own_gates():
     x = torch.randn(1, N, d.d_model, dtype=torch.float64)
     q = torch.zeros(1, 4, N, 4, dtype=torch.float64)
     (term,) = mech.score_terms(q, q, context(N, 1, False, x=x))
-    assert isinstance(term, Dense)
+    assert isinstance(term, TwoSided)
+    bias = term.dense(N)
     log_f = torch.nn.functional.logsigmoid(x @ mech.gates.weight.T + mech.gates.bias)[0].detach()  # [n, 2h]
     for h in range(4):
         for i in range(N):
             for j in range(N):
                 lo, hi, g = (j + 1, i, h) if j <= i else (i + 1, j, h + 4)
                 want = sum(float(log_f[t, g]) for t in range(lo, hi + 1))
-                assert abs(float(term.bias[0, h, i, j].detach()) - want) < 1e-10
+                assert abs(float(bias[0, h, i, j].detach()) - want) < 1e-10
 
 
-def test_forgetting_encoder_bias_and_its_gradient_equal_the_two_triangles() -> None:
-    """TwoSided (one select, a backward of row and column sums) against autograd through the
-    triangles it replaces: values and gradients for c and c', in float64."""
+def test_two_sided_term_and_its_gradient_equal_the_two_triangles() -> None:
+    """TwoSided's dense form (one select, a backward of row and column sums) and its row blocks
+    against autograd through the two triangles written out, in float64, with broadcast inputs."""
     g = torch.Generator().manual_seed(5)
-    past, future = (torch.randn(2, 3, N, generator=g, dtype=torch.float64, requires_grad=True) for _ in range(2))
+    a, b = (torch.randn(2, 3, N, generator=g, dtype=torch.float64, requires_grad=True) for _ in range(2))
+    x, y = (torch.randn(1, 3, N, generator=g, dtype=torch.float64, requires_grad=True) for _ in range(2))
     weight = torch.randn(2, 3, N, N, generator=g, dtype=torch.float64)
-    got = TwoSided.apply(past, future)
-    want = (past[..., :, None] - past[..., None, :]).tril() + (future[..., None, :] - future[..., :, None]).triu()
+    term = TwoSided(a, x, b, y)
+    got = term.dense(N)
+    lower = torch.ones(N, N, dtype=torch.bool).tril()
+    want = (a[..., :, None] + x[..., None, :]) * lower + (b[..., :, None] + y[..., None, :]) * ~lower
     torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
-    grads = torch.autograd.grad((got * weight).sum(), (past, future))
-    wants = torch.autograd.grad((want * weight).sum(), (past, future))
-    for a, b in zip(grads, wants):
-        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
-    assert torch.autograd.gradcheck(TwoSided.apply, (past, future))
+    grads = torch.autograd.grad((got * weight).sum(), (a, x, b, y))
+    wants = torch.autograd.grad((want * weight).sum(), (a, x, b, y))
+    for got_g, want_g in zip(grads, wants):
+        torch.testing.assert_close(got_g, want_g, rtol=1e-12, atol=1e-12)
+    assert torch.autograd.gradcheck(lambda *v: TwoSided(*v).dense(N), (a, x, b, y))
+    rows = torch.tensor([[5, 0, N - 1], [2, 2, 7]])
+    torch.testing.assert_close(term.rows(rows, N), torch.stack([want[i, :, rows[i]] for i in range(2)]))
 
 
 def test_forgetting_reads_the_input_so_cached_decoding_recomputes():

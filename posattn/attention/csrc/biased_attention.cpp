@@ -4,11 +4,12 @@
 //   a query-side band     B_ij = Q_i[clip(j − i, −w, w) + w]        (qband [B, H, n, 2w + 1])
 //   a key-side band       B_ij = K_j[clip(i − j, −v, v) + v]        (kband [B, H, n, 2v + 1])
 //   a low-rank product    B_ij = Σ_r U_ir V_jr                      (lowrank [2, B, H, n, r]: U, V)
+//   a two-sided sum       B_ij = a_i + x_j (j ≤ i), b_i + y_j (j > i) (sided [4, B, H, n]: a, x, b, y)
 // and hides padding keys (keep [B, n]: key j of row b is seen where keep[b, j], and each query
 // always sees itself, as posattn.attention.masking.allowed_mask defines it).
 // (learned tables: T5, TISA, DIET-REL, fixed convolutions; clipped relative terms q·W[·] and
 // k·W[·]: dynamic / composite / key-dynamic convolutions, Shaw et al.; low-rank: segment
-// embeddings, causal ALiBi, DIET-ABS / TUPE's P_Q P_Kᵀ).
+// embeddings, causal ALiBi, DIET-ABS / TUPE's P_Q P_Kᵀ; two-sided: an encoder's forget gates).
 //
 // PyTorch's fused CPU kernels take a bias only as a materialised [b, h, n, n] tensor and never
 // return its gradient. Here, per (batch, head) and block of query rows, S = q kᵀ (one GEMM) gets
@@ -16,7 +17,8 @@
 // product as one more GEMM into the block, S += U Vᵀ, instead of widening q and k); the backward
 // recomputes it, forms dS = P ∘ (dP − D) (dP = dO vᵀ, one GEMM; D_i = Σ dO_i·O_i) and reduces dS
 // into the inputs' gradients in the same pass (table: anti-diagonal sums over the batch; bands:
-// the window, plus the row / column sums of the clipped tails; dU = dS V, dV += dSᵀ U), then
+// the window, plus the row / column sums of the clipped tails; dU = dS V, dV += dSᵀ U; two-sided:
+// the row and column sums of dS on each side of the diagonal), then
 // dq = dS k, dk += dSᵀ q, dv += Pᵀ dO (three GEMMs). No n×n tensor is ever in memory.
 #include "kernels.h"
 
@@ -65,6 +67,7 @@ struct Bias {
   int64_t wq = 0;
   const float* kband = nullptr;  // transposed: [2wk + 1, n], K_j[r] at (r + wk)·n + j
   int64_t wk = 0;
+  const float* sided = nullptr;  // [4, n]: a, x, b, y of the two-sided term, each [n]
   const float* hide = nullptr;   // [n]: 0 for a real key, −inf for padding
 };
 
@@ -73,6 +76,7 @@ struct Grad {
   float* table = nullptr;
   float* qband = nullptr;
   float* kband = nullptr;
+  float* sided = nullptr;
 };
 
 // s[j] += B_ij over keys [0, m).
@@ -91,6 +95,14 @@ inline void add_bias(float* s, int64_t i, int64_t m, const Bias& b) {
     add(s, b.kband + 2 * b.wk * n, lo);                                   // i − j > wk: K_j[wk]
     for (int64_t j = lo; j < hi; ++j) s[j] += b.kband[(i - j + b.wk) * n + j];
     add(s + hi, b.kband + hi, m - hi);                                    // i − j < −wk: K_j[−wk]
+  }
+  if (b.sided) {  // keys j ≤ i: a_i + x_j; keys j > i: b_i + y_j
+    const float *a = b.sided, *x = b.sided + n, *bb = b.sided + 2 * n, *y = b.sided + 3 * n;
+    const int64_t lo = std::min(i + 1, m);
+    add(s, x, lo);
+    add_scalar(s, a[i], lo);
+    add(s + lo, y + lo, m - lo);
+    add_scalar(s + lo, bb[i], m - lo);
   }
   if (b.hide) {  // padding keys out, the query's own key kept
     const float own = s[i];
@@ -116,6 +128,13 @@ inline void grad_bias(const float* ds, int64_t i, int64_t m, const Bias& b, cons
     for (int64_t j = lo; j < hi; ++j) g.kband[(i - j + b.wk) * n + j] += ds[j];
     add(g.kband + hi, ds + hi, m - hi);
   }
+  if (g.sided) {
+    const int64_t lo = std::min(i + 1, m);
+    g.sided[i] += sum(ds, lo);
+    add(g.sided + n, ds, lo);
+    g.sided[2 * n + i] += sum(ds + lo, m - lo);
+    add(g.sided + 3 * n + lo, ds + lo, m - lo);
+  }
 }
 
 // Detached (the worker threads run with grad mode on, where out= GEMMs refuse inputs that
@@ -129,12 +148,14 @@ Tensor head(const Tensor& x, int64_t bh, int64_t H) { return x.select(0, bh / H)
 // Checked bias inputs of one call, in the layouts the kernels read.
 struct Inputs {
   int64_t B, H, n, Ht = 0;
-  Tensor table, qband, kband, hide;  // undefined when absent; kband transposed to [B·H, 2wk + 1, n]
+  Tensor table, qband, kband, sided, hide;  // undefined when absent; kband transposed to [B·H, 2wk + 1, n],
+                                            // sided to [B·H, 4, n]
   Tensor low_u, low_v;               // the low-rank factors [B·H, n, r], undefined when absent
   int64_t wq = 0, wk = 0;
 
   Inputs(const Tensor& q, const std::optional<Tensor>& t, const std::optional<Tensor>& qb,
-         const std::optional<Tensor>& kb, const std::optional<Tensor>& lr, const std::optional<Tensor>& keep)
+         const std::optional<Tensor>& kb, const std::optional<Tensor>& lr, const std::optional<Tensor>& sd,
+         const std::optional<Tensor>& keep)
       : B(q.size(0)), H(q.size(1)), n(q.size(2)) {
     if (keep) {
       TORCH_CHECK(keep->scalar_type() == at::kBool && keep->dim() == 2 && keep->size(0) == B && keep->size(1) == n,
@@ -169,6 +190,12 @@ struct Inputs {
       low_u = f[0];
       low_v = f[1];
     }
+    if (sd) {
+      check(*sd, "sided", 4);
+      TORCH_CHECK(sd->size(0) == 4 && sd->size(1) == B && sd->size(2) == H && sd->size(3) == n,
+                  "sided must be [4, B, H, n]");
+      sided = sd->detach().reshape({4, B * H, n}).transpose(0, 1).contiguous();
+    }
   }
 
   // S[c, m] += U[i0 : i0 + c] V[0 : m]ᵀ for (batch, head) bh: the low-rank part of the bias.
@@ -182,6 +209,7 @@ struct Inputs {
     if (table.defined()) b.table = table.data_ptr<float>() + (Ht == 1 ? 0 : bh % H) * (2 * n - 1);
     if (qband.defined()) { b.qband = qband.data_ptr<float>() + bh * n * (2 * wq + 1); b.wq = wq; }
     if (kband.defined()) { b.kband = kband.data_ptr<float>() + bh * n * (2 * wk + 1); b.wk = wk; }
+    if (sided.defined()) b.sided = sided.data_ptr<float>() + bh * 4 * n;
     if (hide.defined()) b.hide = hide.data_ptr<float>() + (bh / H) * n;
     return b;
   }
@@ -193,13 +221,13 @@ struct Inputs {
 // Returns out [B, H, n, e] and the log-sum-exp of each row [B, H, n].
 std::vector<Tensor> biased_forward(Tensor q, Tensor k, Tensor v, std::optional<Tensor> table,
                                    std::optional<Tensor> qband, std::optional<Tensor> kband,
-                                   std::optional<Tensor> lowrank, std::optional<Tensor> keep, bool causal,
-                                   int64_t block) {
+                                   std::optional<Tensor> lowrank, std::optional<Tensor> sided,
+                                   std::optional<Tensor> keep, bool causal, int64_t block) {
   check(q, "q", 4); check(k, "k", 4); check(v, "v", 4);
   TORCH_CHECK(k.sizes() == q.sizes() && v.size(0) == q.size(0) && v.size(1) == q.size(1) && v.size(2) == q.size(2),
               "q, k, v shapes disagree");
   TORCH_CHECK(block > 0, "block must be positive");
-  const Inputs in(q, table, qband, kband, lowrank, keep);
+  const Inputs in(q, table, qband, kband, lowrank, sided, keep);
   const int64_t B = in.B, H = in.H, n = in.n, e = v.size(3), BH = B * H;
   block = std::min(block, n);
   q = q.detach(); k = k.detach(); v = v.detach();
@@ -253,18 +281,19 @@ std::vector<Tensor> biased_forward(Tensor q, Tensor k, Tensor v, std::optional<T
 }
 
 // Gradients of biased_forward given its out and lse and the output's gradient dout:
-// dq, dk, dv, then the table's (summed over the batch), qband's, kband's and lowrank's, each
-// undefined (None) when that input is absent.
+// dq, dk, dv, then the table's (summed over the batch), qband's, kband's, lowrank's and sided's,
+// each undefined (None) when that input is absent.
 std::vector<Tensor> biased_backward(Tensor q, Tensor k, Tensor v, std::optional<Tensor> table,
                                     std::optional<Tensor> qband, std::optional<Tensor> kband,
-                                    std::optional<Tensor> lowrank, std::optional<Tensor> keep, Tensor out,
-                                    Tensor lse, Tensor dout, bool causal, int64_t block) {
+                                    std::optional<Tensor> lowrank, std::optional<Tensor> sided,
+                                    std::optional<Tensor> keep, Tensor out, Tensor lse, Tensor dout, bool causal,
+                                    int64_t block) {
   check(q, "q", 4); check(k, "k", 4); check(v, "v", 4);
   check(out, "out", 4); check(lse, "lse", 3); check(dout, "dout", 4);
   TORCH_CHECK(k.sizes() == q.sizes() && v.size(2) == q.size(2) && out.sizes() == v.sizes() &&
               dout.sizes() == v.sizes(), "q, k, v, out, dout shapes disagree");
   TORCH_CHECK(block > 0, "block must be positive");
-  const Inputs in(q, table, qband, kband, lowrank, keep);
+  const Inputs in(q, table, qband, kband, lowrank, sided, keep);
   const int64_t B = in.B, H = in.H, n = in.n, d = q.size(3), e = v.size(3), BH = B * H, L = 2 * n - 1;
   block = std::min(block, n);
   q = q.detach(); k = k.detach(); v = v.detach();
@@ -277,6 +306,7 @@ std::vector<Tensor> biased_backward(Tensor q, Tensor k, Tensor v, std::optional<
   Tensor gtable = in.table.defined() ? at::zeros({threads, in.Ht, L}, q.options()) : Tensor();
   Tensor gq = in.qband.defined() ? at::zeros_like(in.qband) : Tensor();
   Tensor gk = in.kband.defined() ? at::zeros_like(in.kband) : Tensor();
+  Tensor gs = in.sided.defined() ? at::zeros_like(in.sided) : Tensor();  // [B·H, 4, n]
   Tensor glow = in.low_u.defined() ? at::zeros({2, BH, n, in.low_u.size(2)}, q.options()) : Tensor();  // dU, dV
   const float* Dp = D.data_ptr<float>();
   const float* lp = lse2.data_ptr<float>();
@@ -291,6 +321,7 @@ std::vector<Tensor> biased_backward(Tensor q, Tensor k, Tensor v, std::optional<
       if (gt) grad.table = gt + (in.Ht == 1 ? 0 : bh % H) * L;
       if (gq.defined()) grad.qband = gq.data_ptr<float>() + bh * n * (2 * in.wq + 1);
       if (gk.defined()) grad.kband = gk.data_ptr<float>() + bh * n * (2 * in.wk + 1);
+      if (gs.defined()) grad.sided = gs.data_ptr<float>() + bh * 4 * n;
       Tensor qh = head(q, bh, H), kh = head(k, bh, H), vh = head(v, bh, H);
       Tensor doh = do2[bh], dqh = dq[bh], dkh = dk[bh], dvh = dv[bh];
       for (int64_t i0 = 0; i0 < n; i0 += block) {
@@ -338,5 +369,6 @@ std::vector<Tensor> biased_backward(Tensor q, Tensor k, Tensor v, std::optional<
   Tensor dqband = gq.defined() ? gq.view({B, H, n, 2 * in.wq + 1}) : Tensor();
   Tensor dkband = gk.defined() ? gk.transpose(1, 2).reshape({B, H, n, 2 * in.wk + 1}) : Tensor();
   Tensor dlow = glow.defined() ? glow.view({2, B, H, n, in.low_u.size(2)}) : Tensor();
-  return {dq.view(q.sizes()), dk.view(k.sizes()), dv.view(v.sizes()), dtable, dqband, dkband, dlow};
+  Tensor dsided = gs.defined() ? gs.transpose(0, 1).reshape({4, B, H, n}) : Tensor();
+  return {dq.view(q.sizes()), dk.view(k.sizes()), dv.view(v.sizes()), dtable, dqband, dkband, dlow, dsided};
 }

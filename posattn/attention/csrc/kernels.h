@@ -14,12 +14,13 @@ using Vec = at::vec::Vectorized<float>;
 // biased_attention.cpp
 std::vector<Tensor> biased_forward(Tensor q, Tensor k, Tensor v, std::optional<Tensor> table,
                                    std::optional<Tensor> qband, std::optional<Tensor> kband,
-                                   std::optional<Tensor> lowrank, std::optional<Tensor> keep, bool causal,
-                                   int64_t block);
+                                   std::optional<Tensor> lowrank, std::optional<Tensor> sided,
+                                   std::optional<Tensor> keep, bool causal, int64_t block);
 std::vector<Tensor> biased_backward(Tensor q, Tensor k, Tensor v, std::optional<Tensor> table,
                                     std::optional<Tensor> qband, std::optional<Tensor> kband,
-                                    std::optional<Tensor> lowrank, std::optional<Tensor> keep, Tensor out,
-                                    Tensor lse, Tensor dout, bool causal, int64_t block);
+                                    std::optional<Tensor> lowrank, std::optional<Tensor> sided,
+                                    std::optional<Tensor> keep, Tensor out, Tensor lse, Tensor dout, bool causal,
+                                    int64_t block);
 // depthwise_conv.cpp
 Tensor depthwise_forward(Tensor x, Tensor w, int64_t left);
 std::vector<Tensor> depthwise_backward(Tensor g, Tensor x, Tensor w, int64_t left);
