@@ -174,6 +174,7 @@ CASES = {  # name -> [(kind, window or rank, per_head)]: kind "table", "q" (quer
     "query-relative": [("q", 3, True)],
     "key-relative": [("k", 2, False)],
     "query-relative wider than n": [("q", 50, False)],
+    "key-relative wider than n": [("k", 50, True)],
     "two query windows + key + table": [("q", 2, True), ("q", 5, False), ("k", 4, True), ("table", 0, True)],
     "low-rank": [("low", 2, True)],
     "two low-rank + query-relative + table": [("low", 1, True), ("low", 3, True), ("q", 2, True), ("table", 0, True)],

@@ -87,7 +87,7 @@ inline void add_bias(float* s, int64_t i, int64_t m, const Bias& b) {
     const float* row = b.qband + i * (2 * b.wq + 1);
     const int64_t lo = std::clamp(i - b.wq, int64_t(0), m), hi = std::clamp(i + b.wq + 1, lo, m);
     add_scalar(s, row[0], lo);
-    for (int64_t j = lo; j < hi; ++j) s[j] += row[j - i + b.wq];
+    add(s + lo, row + (lo - i + b.wq), hi - lo);                          // Q_i[j − i] in the window
     add_scalar(s + hi, row[2 * b.wq], m - hi);
   }
   if (b.kband) {
@@ -119,7 +119,7 @@ inline void grad_bias(const float* ds, int64_t i, int64_t m, const Bias& b, cons
     float* row = g.qband + i * (2 * b.wq + 1);
     const int64_t lo = std::clamp(i - b.wq, int64_t(0), m), hi = std::clamp(i + b.wq + 1, lo, m);
     row[0] += sum(ds, lo);
-    for (int64_t j = lo; j < hi; ++j) row[j - i + b.wq] += ds[j];
+    add(row + (lo - i + b.wq), ds + lo, hi - lo);
     row[2 * b.wq] += sum(ds + hi, m - hi);
   }
   if (g.kband) {
