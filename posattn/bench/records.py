@@ -1,5 +1,5 @@
 """``posattn report`` of the GPU benchmark recipes (``gpu_layer_bench``, ``gpu_model_bench``,
-``gpu_sweep_throughput``): their tables, issue 28's targets judged, the setups the layer grid
+``gpu_sweep_throughput``): their tables, the GPU targets judged, the setups the layer grid
 still lacks, and a sweep's cells per hour before and after, from the results store's records
 (:mod:`.store`, :mod:`.throughput`).
 
@@ -23,13 +23,13 @@ from .models import HF_MODELS, model_name
 from .report import COLUMNS, MODEL_COLUMNS, SCORE_TERM_GRID_BY_CLASS, by_mechanism, grid_targets, plot, table, targets
 from .spec import BASELINE
 
-# Issue 28, layer at n = 4096 (GPU, bf16): the score terms that add a fixed or tabulated bias
+# GPU target, layer at n = 4096 (GPU, bf16): the score terms that add a fixed or tabulated bias
 # (ALiBi, T5, TISA, the relative convolutions) cost at most 1.25× plain SDPA's training step.
 LAYER_TARGET_BY_CLASS: dict[str, float] = dict.fromkeys(["fixed_bias", "learned_table", "relative_embedding"], 1.25)
 LAYER_TARGETS: dict[str, float] = by_mechanism(LAYER_TARGET_BY_CLASS)
 LAYER_TARGET_N = 4096
-# Issue 28, whole encoder: a score-term mechanism's step ≤ 1.10× the posattn encoder with
-# ``absolute`` (same run), the convolutions and CAT ≤ 1.25×: issue 11's split of the cost classes.
+# GPU target, whole encoder: a score-term mechanism's step ≤ 1.10× the posattn encoder with
+# ``absolute`` (same run), the convolutions and CAT ≤ 1.25×: the pretraining-shape grid's split of the cost classes.
 MODEL_TARGETS: dict[str, float] = {name: train for name, (train, _) in by_mechanism(SCORE_TERM_GRID_BY_CLASS).items()}
 # the layer table's columns per length, as ``posattn bench`` formats them
 LAYER_FIELDS = ("train_ms", "train_ratio", "infer_ms", "infer_ratio")
@@ -89,7 +89,7 @@ def layer_table(records: list[dict[str, Any]]) -> str:
 
 
 def layer_verdicts(records: list[dict[str, Any]]) -> tuple[list[str], list[str]]:
-    """(issue 28's layer target at n = 4096, with its mechanisms that have no record there; the
+    """(the GPU layer target at n = 4096, with its mechanisms that have no record there; the
     targets of ``posattn bench`` that these rows can check), one line per verdict."""
     rows = sorted((r["result"]["row"] for r in records), key=lambda r: (r["n"], r["mechanism"]))
     ours = []
@@ -176,7 +176,7 @@ def model_columns(rows: list[dict[str, Any]]) -> list[tuple[str, str, str]]:
 
 
 def model_verdicts(rows: list[dict[str, Any]]) -> list[str]:
-    """Issue 28's whole-model targets that one run's rows can check: posattn against its Hugging
+    """The GPU whole-model targets that one run's rows can check: posattn against its Hugging
     Face peer in tokens/s (:func:`.report.grid_targets`), a score-term encoder's step against the
     posattn encoder with ``absolute``."""
     out = grid_targets(rows)

@@ -10,20 +10,20 @@ from ..mechanisms import cost_classes
 from ..runtime.files import write_json_atomic
 
 # The targets as data, per cost class of the mechanism (``Mechanism.cost_class``; a mechanism
-# whose class has no entry has no target). Issue 4: training-step ratio to plain SDPA at
-# n = 4096 (batch 1, 4 heads, head dim 64); issue 27 adds the forget gate's class at 1.25.
+# whose class has no entry has no target). Long inputs: training-step ratio to plain SDPA at
+# n = 4096 (batch 1, 4 heads, head dim 64); the forget gate's class at 1.25 too.
 TRAIN_TARGET_BY_CLASS: dict[str, float] = {
     **dict.fromkeys(["none", "input", "rotation", "fixed_bias", "narrow_low_rank", "wide_low_rank",
                      "convolution", "data_dependent_bias"], 1.25),
     **dict.fromkeys(["learned_table", "relative_embedding"], 1.6),
 }
-# Issue 11: layer (training step, inference) ratios to plain SDPA at pretraining shapes; score
+# Pretraining shapes: layer (training step, inference) ratios to plain SDPA; score
 # terms that fold or tabulate cheaply against the heavier q/k/v-widening or convolving classes.
 SCORE_TERM_GRID_BY_CLASS: dict[str, tuple[float, float]] = {
     **dict.fromkeys(["fixed_bias", "narrow_low_rank", "learned_table", "relative_embedding"], (1.10, 1.05)),
     **dict.fromkeys(["wide_low_rank", "convolution"], (1.25, 1.15)),
 }
-# Issue 27: the rotations and the forget gate's data-dependent bias, training step only (no
+# The rotations and the forget gate's data-dependent bias, training step only (no
 # inference target: None), at the same shapes.
 GRID_TARGET_BY_CLASS: dict[str, tuple[float, float | None]] = {
     **SCORE_TERM_GRID_BY_CLASS, **dict.fromkeys(["rotation", "data_dependent_bias"], (1.10, None)),
@@ -107,7 +107,7 @@ def _verdict(ok: bool) -> str:
 
 
 def grid_targets(rows: list[dict[str, Any]]) -> list[str]:
-    """Issues 11 and 27: layer ratios at n ∈ {128, 512}, batch ∈ {16, 64}, encoder and decoder."""
+    """Layer ratios at n ∈ {128, 512}, batch ∈ {16, 64}, encoder and decoder."""
     out = []
     for r in rows:
         goal = goal_of(GRID_TARGETS, r["mechanism"])

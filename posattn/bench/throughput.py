@@ -1,5 +1,5 @@
 """``posattn bench-throughput``: how many cells of a compare sweep one machine trains per hour
-(issue 28: the CAT Fig 2 sweep's cells per GPU-hour), and which way of running them raises it.
+(the CAT Fig 2 sweep's cells per GPU-hour), and which way of running them raises it.
 
 A sweep's cells are small models (CAT Fig 2: d 32–128, one or two layers, n 64–256), so one of
 them leaves a GPU mostly idle: its step is launch-bound. Two levers are measured here against
