@@ -463,22 +463,13 @@ def _dense_chunk(inputs: list[Tensor], i0: int, i1: int, j0: int) -> Tensor:
     return bias[..., i0:i1, :].flip(-1)[..., j0:]
 
 
-def _row_normalised_chunk(term: RowNormalised, n: int) -> ChunkFn:
-    """Chunk builder of a row-normalised term over reversed keys j' (key j = n − 1 − j'): the
-    block of rows i0 … i1 − 1 computed from the term's small inputs, never an n×n table."""
+def _block_chunk(term: RowNormalised | TwoSided, n: int) -> ChunkFn:
+    """Chunk builder of a term that computes any block of rows and keys from its small inputs
+    (:meth:`RowNormalised.block`, :meth:`TwoSided.block`), over reversed keys j' (key
+    j = n − 1 − j'): the block of rows i0 … i1 − 1, never an n×n table."""
     def build(inputs: Sequence[Tensor], i0: int, i1: int, j0: int) -> Tensor:
         dev = inputs[0].device
         return term.block(inputs, torch.arange(i0, i1, device=dev), torch.arange(n - 1 - j0, -1, -1, device=dev))
-
-    return build
-
-
-def _two_sided_chunk(term: TwoSided, n: int) -> ChunkFn:
-    """Chunk builder of a two-sided term over reversed keys, inputs (a, x, b, y): the block of
-    rows i0 … i1 − 1 from the four vectors (:meth:`TwoSided.block`), never an n×n tensor."""
-    def build(inputs: Sequence[Tensor], i0: int, i1: int, j0: int) -> Tensor:
-        dev = inputs[0].device
-        return TwoSided(*inputs).block(torch.arange(i0, i1, device=dev), torch.arange(n - 1 - j0, -1, -1, device=dev))
 
     return build
 
@@ -498,12 +489,9 @@ def _flash_bias(q: Tensor, k: Tensor, v: Tensor, rest: list[Term], keep: Tensor 
         elif isinstance(t, Dense):
             extras.append((_dense_chunk, 1))
             inputs.append(t.dense(n))
-        elif isinstance(t, RowNormalised):
-            extras.append((_row_normalised_chunk(t, n), len(t.inputs())))
+        elif isinstance(t, (RowNormalised, TwoSided)):
+            extras.append((_block_chunk(t, n), len(t.inputs())))
             inputs += t.inputs()
-        elif isinstance(t, TwoSided):
-            extras.append((_two_sided_chunk(t, n), 4))
-            inputs += t.tensors()
         else:
             raise refused("flash_bias", t)
     geo = BiasGeometry(causal, keep, policy.flash_chunk, policy.grad_chunk, extras=tuple(extras), native=policy.native)

@@ -80,7 +80,7 @@ def flex_attend(q: Tensor, k: Tensor, v: Tensor, low: list[LowRank], rest: list[
             bias = t.bias if t.bias.dim() == 4 else t.bias.unsqueeze(0)
             dense.append(pad(bias, 0, extra, 0, extra).expand(b, h, big, big))
         elif isinstance(t, TwoSided):
-            sided.append(pad(torch.stack(torch.broadcast_tensors(*t.vectors())), 0, extra).expand(4, b, h, big))
+            sided.append(pad(t.stacked(), 0, extra).expand(4, b, h, big))
         else:  # low-rank terms arrive in ``low``, folded above
             raise refused("flex", t)
 

@@ -286,10 +286,19 @@ class TwoSided(Term):
     def dense(self, n: int) -> Tensor:
         return _TwoSidedDense.apply(*self.vectors())
 
-    def block(self, rows: Tensor, keys: Tensor) -> Tensor:
-        """[b|1, h|1, m, k]: the term at query rows ``rows`` ([b|1, m] or [m]) and keys ``keys`` [k]."""
+    def inputs(self) -> list[Tensor]:
+        """The tensors :meth:`block` reads, in its order: (a, x, b, y)."""
+        return list(self.vectors())
+
+    def stacked(self) -> Tensor:
+        """[4, b|1, h|1, n]: a, x, b, y broadcast to one shape (the fused kernels', FlexAttention's input)."""
+        return torch.stack(torch.broadcast_tensors(*self.vectors()))
+
+    def block(self, inputs: Sequence[Tensor], rows: Tensor, keys: Tensor) -> Tensor:
+        """[b|1, h|1, m, k]: the term at query rows ``rows`` ([b|1, m] or [m]) and keys ``keys``
+        ([k]), from ``inputs`` (:meth:`inputs`, or leaf copies of them), as :meth:`RowNormalised.block`."""
         rows = rows if rows.dim() == 2 else rows[None]
-        a, x, b, y = self.vectors()
+        a, x, b, y = inputs
 
         def at_rows(t: Tensor) -> Tensor:
             return torch.take_along_dim(t, rows[:, None].expand(t.shape[0], t.shape[1], -1), dim=-1)
@@ -299,10 +308,10 @@ class TwoSided(Term):
                            at_rows(b)[..., None] + y[..., None, keys])
 
     def rows(self, index: Tensor, n: int) -> Tensor:
-        return self.block(index, torch.arange(n, device=index.device))
+        return self.block(self.inputs(), index, torch.arange(n, device=index.device))
 
     def tensors(self) -> list[Tensor]:
-        return list(self.vectors())
+        return self.inputs()
 
     def position_only(self) -> bool:
         return all(batch_free(t) for t in self.vectors())
@@ -314,7 +323,7 @@ class TwoSided(Term):
         return True
 
     def kernel_input(self) -> tuple[str, Tensor]:
-        return "sided", torch.stack(torch.broadcast_tensors(*self.vectors()))
+        return "sided", self.stacked()
 
 
 @dataclass
