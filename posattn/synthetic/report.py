@@ -78,6 +78,43 @@ def _labels(config: dict[str, Any]) -> list[str]:
     return [m["label"] for m in config["models"]]
 
 
+def _panel(results: list[dict], d_model: int, train_length: int) -> list[dict]:
+    """The finished cells trained at ``train_length`` with width ``d_model`` (any model, lr, seed)."""
+    return [r for r in results if r["d_model"] == d_model and r["train_length"] == train_length]
+
+
+def _shows_width(config: dict[str, Any], results: list[dict], train_length: int) -> bool:
+    """Whether training length ``train_length`` gets an accuracy-vs-width table and plot: several
+    widths, one of them with a finished cell."""
+    widths = config["d_model"]
+    return len(widths) > 1 and any(_panel(results, d, train_length) for d in widths)
+
+
+def length_plot(train_length: int, d_model: int) -> str:
+    """The file name of the accuracy-vs-test-length plot of one (training length, width) panel."""
+    return f"accuracy_vs_length_L{train_length}_d{d_model}.png"
+
+
+def width_plot(train_length: int) -> str:
+    """The file name of the accuracy-vs-width plot of one training length."""
+    return f"accuracy_vs_width_L{train_length}.png"
+
+
+def progress_table(config: dict[str, Any], results: list[dict]) -> list[str]:
+    """Finished cells of a partial sweep, ``finished/in all``, per model and (training length,
+    width) panel: each panel of a model has one cell per learning rate and seed."""
+    labels = _labels(config)
+    panels = [(n, d) for n in config["train_length"] for d in config["d_model"]]
+    per_panel = len(config["training"]["lr"]) * len(config["seeds"])
+    rows = []
+    for label in [*labels, None]:   # None: every model
+        mine = [r for r in results if label is None or r["label"] == label]
+        models = len(labels) if label is None else 1
+        rows.append([label or "all", *(f"{len(_panel(mine, d, n))}/{per_panel * models}" for n, d in panels),
+                     f"{len(mine)}/{per_panel * models * len(panels)}"])
+    return md_table(["model", *(f"trained {n}, d {d}" for n, d in panels), "in all"], rows)
+
+
 def claim_settings(config: dict[str, Any], at: dict[str, Any]) -> list[tuple[int, int, int]]:
     """(d_model, training length, test length) settings that a claim's ``at`` covers."""
     lengths, out = test_lengths(config), []
@@ -93,12 +130,21 @@ def claim_rows(config: dict[str, Any], results: list[dict]) -> list[list[str]]:
     """One row per claim: every setting it covers judged on per-seed accuracies, then combined."""
     rows = []
     for c in parse_claims(config["claims"], [], optional=("at",)):
-        verdicts, details = [], []
+        verdicts, details, unmeasured, short = [], [], [], set()
         for d, n, m in claim_settings(config, c.at):
             stats = {label: _accuracies(_selected(results, label, d, n), m) for label in _labels(config)}
             verdict, lines = judge(c, stats)
             verdicts.append(verdict)
-            details.append(f"d={d}, trained {n}, tested {m}: " + "; ".join(lines))
+            if verdict == "not measured":   # said once for all such settings, below
+                unmeasured.append(f"d={d}, trained {n}, tested {m}")
+                short |= {label for r in c.holds for label in (r.left, r.right) if label in stats
+                          and len(stats[label]) < 2}
+            else:
+                details.append(f"d={d}, trained {n}, tested {m}: " + "; ".join(lines))
+        if unmeasured:
+            rows_short = ", ".join(label for label in _labels(config) if label in short)
+            details.append(f"not measured at {len(unmeasured)} of {len(verdicts)} setting(s) "
+                           f"({'; '.join(unmeasured)}): fewer than two seeds of {rows_short}")
         rows.append(report_row(c, combine(verdicts), details))
     return rows
 
@@ -122,12 +168,19 @@ def report_text(config: dict[str, Any], results: list[dict], cells_total: int) -
         lines += [f"**Partial: {len(results)} of {cells_total} cells finished.** A model's learning rate is the "
                   f"best among its finished ones, the steps column has one entry per finished seed, `–` marks a "
                   f"learning rate with no finished cell, and a claim with fewer than 2 seeds of a row is not "
-                  f"measured. Rerun the sweep to finish it.", ""]
+                  f"measured. Rerun the sweep to finish it.", "",
+                  "Cells finished per model and panel (one cell per learning rate and seed):", "",
+                  *progress_table(cfg, results)]
     reasons: dict[str, str] = {}
-    for n in cfg["train_length"]:
+    if not results:
+        lines += ["No finished cell yet: the tables and plots appear as cells are added.", ""]
+    for n in cfg["train_length"] if results else []:
         lengths = all_lengths[n]
         for d in cfg["d_model"]:
             lines += [f"## Accuracy vs test length (trained at {n}, d_model {d})", ""]
+            if not _panel(results, d, n):
+                lines += ["No finished cell yet.", ""]
+                continue
             header = ["model", "params", "lr", "steps", "train s",
                       *(f"{m} (train)" if m == n else str(m) for m in lengths)]
             rows = []
@@ -143,6 +196,8 @@ def report_text(config: dict[str, Any], results: list[dict], cells_total: int) -
                              _mean_seconds(cells),
                              *(_mean_std(cells, m) for m in lengths)])
             lines += md_table(header, rows)
+            if len(lengths) > 1:   # one test length: the width plot below shows it
+                lines += [f"![accuracy vs test length, trained at {n}, d_model {d}]({length_plot(n, d)})", ""]
             if len(tr["lr"]) > 1:
                 lines += [f"Learning-rate sweep: accuracy at length {n} (mean ± std over seeds) per lr; "
                           f"the row above uses the lr with the best mean validation accuracy.", ""]
@@ -150,10 +205,13 @@ def report_text(config: dict[str, Any], results: list[dict], cells_total: int) -
                                              and r["train_length"] == n and r["lr"] == lr], n, missing="–")
                                   for lr in tr["lr"])] for label in _labels(cfg)]
                 lines += md_table(["model", *(f"lr {lr:g}" for lr in tr["lr"])], grid)
+        if not _shows_width(cfg, results, n):
+            continue
         lines += [f"## Accuracy vs width (trained and tested at {n})", ""]
         rows = [[label, *(_mean_std(_selected(results, label, d, n), n, missing="–") for d in cfg["d_model"])]
                 for label in _labels(cfg)]
         lines += md_table(["model", *(f"d={d}" for d in cfg["d_model"])], rows)
+        lines += [f"![accuracy vs width, trained and tested at {n}]({width_plot(n)})", ""]
     if cfg.get("claims"):
         lines += [f"## The paper's claims, judged on test accuracy at the best lr (a difference counts beyond "
                   f"{SIGMAS:g} s.e.)", "", *md_table(["claim", "paper", "ours", "verdict"], claim_rows(cfg, results))]
@@ -185,7 +243,9 @@ def write_report(config: dict[str, Any], results: list[dict], out: Path, cells_t
 
 
 def write_plots(config: dict[str, Any], results: list[dict], out: Path) -> list[Path]:
-    """PNG plots: accuracy vs test length (one line per model) and accuracy vs width."""
+    """PNG plots: accuracy vs test length (one line per model) per panel with a finished cell and
+    several test lengths, and accuracy vs width per training length with several widths; the names
+    :func:`report_text` links."""
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -201,26 +261,29 @@ def write_plots(config: dict[str, Any], results: list[dict], out: Path) -> list[
         plt.close(ax.figure)
         paths.append(out / name)
 
-    def nan(v: float | None) -> float:
-        return float("nan") if v is None else v
+    def line(ax: plt.Axes, xs: list[int], ys: list[float | None], label: str) -> None:
+        """One model's line; a model with no finished cell in the plot is named as such."""
+        shown = label if any(y is not None for y in ys) else f"{label}: no cell yet"
+        ax.plot(xs, [float("nan") if y is None else y for y in ys], marker="o", label=shown)
 
     for n in cfg["train_length"]:
         lengths = all_lengths[n]
         for d in cfg["d_model"]:
+            if not _panel(results, d, n) or len(lengths) == 1:
+                continue
             _, ax = plt.subplots(figsize=(6, 4))
             for label in _labels(cfg):
-                ax.plot(lengths, [nan(mean_accuracy(results, label, d, n, m)) for m in lengths],
-                        marker="o", label=label)
+                line(ax, lengths, [mean_accuracy(results, label, d, n, m) for m in lengths], label)
             ax.set_xscale("log", base=2)
             ax.set_xticks(lengths, [str(m) for m in lengths])
             ax.axvline(n, color="grey", linestyle=":")
-            finish(ax, f"{cfg['task']}: trained at {n}, d_model {d}", "test length",
-                   f"accuracy_vs_length_L{n}_d{d}.png")
+            finish(ax, f"{cfg['task']}: trained at {n}, d_model {d}", "test length", length_plot(n, d))
+        if not _shows_width(cfg, results, n):
+            continue
         _, ax = plt.subplots(figsize=(6, 4))
         for label in _labels(cfg):
-            ax.plot(cfg["d_model"], [nan(mean_accuracy(results, label, d, n, n)) for d in cfg["d_model"]],
-                    marker="o", label=label)
+            line(ax, cfg["d_model"], [mean_accuracy(results, label, d, n, n) for d in cfg["d_model"]], label)
         ax.set_xscale("log", base=2)
         ax.set_xticks(cfg["d_model"], [str(d) for d in cfg["d_model"]])
-        finish(ax, f"{cfg['task']}: trained and tested at {n}", "d_model", f"accuracy_vs_width_L{n}.png")
+        finish(ax, f"{cfg['task']}: trained and tested at {n}", "d_model", width_plot(n))
     return paths
