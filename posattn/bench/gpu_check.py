@@ -31,6 +31,7 @@ import hashlib
 import io
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -43,7 +44,7 @@ from typing import Any
 
 from ..errors import PositionError
 from ..options import plain
-from ..runtime.files import check_name, write_bytes_atomic, write_json_atomic, write_text_atomic
+from ..runtime.files import check_name, write_bytes_atomic, write_text_atomic
 from .cases import Sizes, spec_label
 from .report import save_json
 
@@ -311,25 +312,16 @@ def throughput_left(s: Settings) -> str:
 
 
 # -- the CAT figure cells -------------------------------------------------------------------------
-def seed_run_folder(recipe: str, run: Path, root: Path) -> tuple[str, int, int]:
-    """Copy the cells of ``recipe`` already in the store into its compare run folder as finished
-    cells (so compare skips them); returns (the sweep's name, cells in the store, cells in all)."""
-    from ..experiments import store
+def store_counts(recipe: str, root: Path) -> tuple[str, int, int]:
+    """(the sweep's name, its cells in the store, its cells in all); one error if the store holds
+    another config under the sweep's name."""
+    from ..experiments.publish import stored_cells
     from ..synthetic.compare import load_config, validate_config
 
     sweep = validate_config(load_config(recipe))
     name = check_name(sweep.name, "sweep name")
     ids = {cell.id for cell in sweep.cells}
-    present = 0
-    for record in store.load(name, root, kind="cell"):
-        if record["id"] not in ids:
-            continue
-        present += 1
-        path = run / "cells" / record["id"] / "result.json"
-        if not path.exists():
-            path.parent.mkdir(parents=True, exist_ok=True)
-            write_json_atomic(path, record["result"])
-    return name, present, len(ids)
+    return name, len(ids & set(stored_cells(name, "compare", sweep.config, f"sweep {name!r}", root))), len(ids)
 
 
 # -- the driver -----------------------------------------------------------------------------------
@@ -366,7 +358,8 @@ class Driver:
         returns (exit status or None if killed, seconds)."""
         t0 = time.monotonic()
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-            filter(None, [str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH")]))}
+            filter(None, [str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH")])),
+               "POSATTN_RESULTS": str(self.s.results)}   # the store every stage reads and writes
         proc = subprocess.Popen(argv, stdout=log or self.log, stderr=subprocess.STDOUT, env=env,
                                 start_new_session=True)
         try:
@@ -432,24 +425,25 @@ class Driver:
                 continue
             run = s.work / f"compare-{Path(recipe).stem}"
             try:  # e.g. a config the checkout cannot load here: said in the summary, the next recipe runs
-                name, present, total = seed_run_folder(recipe, run, s.results)
+                name, present, total = store_counts(recipe, s.results)
             except Exception as e:
                 notes.append(f"{recipe}: not started ({type(e).__name__}: {e})")
                 continue
             if present == total:
                 notes.append(f"{name}: complete in the store ({total} cells)")
                 continue
-            argv = [sys.executable, "-m", "posattn.cli", "compare", recipe, "--device", s.device,
-                    "--workers", str(s.workers), "--no-progress", "--out", str(run)]
+            # --store: the store's cells count as finished, each cell finished here is added at once
+            command = ["compare", recipe, "--store", "--device", s.device, "--workers", str(s.workers)]
+            argv = [sys.executable, "-m", "posattn.cli", *command, "--no-progress", "--out", str(run)]
             # no new cell after the time limit; the kill below is the backstop for the cells in flight
             argv += ["--time-limit", str(int(left - PUBLISH - 60))]
             self.log.write(f"\n===== cat: {name} ({present}/{total} cells in the store, {left:.0f} s left) =====\n")
             self.log.flush()
             rc, _ = self.child(argv, left - PUBLISH)
-            command = f"posattn compare {recipe} --device {s.device} --workers {s.workers}"
-            add = [sys.executable, "-m", "posattn.cli", "results", "add", str(run), "--command", command,
-                   "--hardware", hardware(s.device)]
-            self.child(add, max(5.0, self.left() + RESERVE - 5))
+            if rc != 0:  # killed or failed: cells finished but not yet handed on (workers end out of order)
+                add = [sys.executable, "-m", "posattn.cli", "results", "add", str(run), "--command",
+                       shlex.join(["posattn", *command]), "--hardware", hardware(s.device)]
+                self.child(add, max(5.0, self.left() + RESERVE - 5))
             now = len(load(name, s.results, kind="cell"))
             notes.append(f"{name}: {now - present} new cells, {now}/{total} in the store"
                          + ("" if rc == 0 else " (stopped at the deadline)" if rc is None else f" (exit {rc})"))

@@ -69,19 +69,40 @@ def recipe_result(run: Run) -> dict[str, Any]:
     return {"sweep": run.sweep, "config": run.config, "cells_total": run.total}
 
 
+def _stored_recipe(recipe: str, sweep: str, config: dict[str, Any], what: str, root: str | Path | None,
+                   hint: str = "give this run another name with --recipe NAME") -> dict[str, Any] | None:
+    """The result of the store's ``recipe.json`` for ``recipe`` (None if there is none); one error,
+    ending with ``hint``, if it describes another sweep or config than ``sweep``/``config`` (those
+    of ``what``)."""
+    path = store.record_path(recipe, store.RECIPE_ID, root)
+    if not path.exists():
+        return None
+    old = store.read_record(path)["result"]
+    if old.get("sweep") != sweep or comparable(sweep, old.get("config", {})) != comparable(sweep, config):
+        raise PositionError(f"results store: {path.parent} holds cells of another {old.get('sweep')} config named "
+                            f"{recipe!r} than {what}; {hint}")
+    return old
+
+
+def stored_cells(recipe: str, sweep: str, config: dict[str, Any], what: str,
+                 root: str | Path | None = None) -> dict[str, dict[str, Any]]:
+    """The results of the cells of ``recipe`` already in the store, by cell id, for a sweep that
+    finishes the recipe's other cells; one error if the store holds another config under this name."""
+    config = json.loads(json.dumps(config))   # as the store holds it (JSON)
+    hint = "name the sweep differently (name: in its config) or run it without --store"
+    if _stored_recipe(recipe, sweep, config, what, root, hint) is None:
+        return {}
+    return {record["id"]: record["result"] for record in store.load(recipe, root, kind="cell")}
+
+
 def _publish_recipe(run: Run, recipe: str, prov: dict[str, str], root: str | Path | None) -> None:
     """Write ``recipe.json``, or check that the one there describes the same recipe (and, for a
     pretraining recipe built from parts, add the labels this run folder knows)."""
     new = recipe_result(run)
-    path = store.record_path(recipe, store.RECIPE_ID, root)
-    if not path.exists():
+    old = _stored_recipe(recipe, run.sweep, run.config, str(run.folder), root)
+    if old is None:
         store.publish(recipe, store.RECIPE_ID, new, prov, kind="recipe", root=root)
         return
-    old = store.read_record(path)["result"]
-    same = comparable(run.sweep, old.get("config", {})) == comparable(run.sweep, run.config)
-    if old.get("sweep") != run.sweep or not same:
-        raise PositionError(f"results store: {path.parent} holds cells of another {old.get('sweep')} config named "
-                            f"{recipe!r} than {run.folder}; give this run another name with --recipe NAME")
     if run.sweep == "pretrain":
         labels = list(dict.fromkeys([*old["config"].get("labels", []), *run.config["labels"]]))
         if labels != old["config"].get("labels"):

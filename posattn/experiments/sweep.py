@@ -11,13 +11,15 @@ does the rest the same way for every sweep:
 - **the executor** (:mod:`posattn.experiments.executors`) says where the cells run; its time
   budget leaves the cells it keeps from starting to the next invocation: the summary says it is
   partial and :func:`~posattn.experiments.executors.budget_note` says how many remain;
+- **cells finished elsewhere** (``stored``: the results store's records of this sweep, by id) count
+  as finished and are not run; the summary holds them with the cells of the run folder;
 - **report only**: run nothing, summarise the cells finished so far (one ConfigError if none is);
 - ``config.yaml`` (the sweep's normalized config, for recipes that have one) written atomically,
   and a progress bar over the cells.
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -75,18 +77,27 @@ class Recipe:
 
 
 def run(recipe: Recipe, out: str | Path, executor: Executor | None = None, *, progress: bool = True,
-        report_only: bool = False, only: Collection[str] | None = None) -> list[dict[str, Any]]:
+        report_only: bool = False, only: Collection[str] | None = None,
+        stored: Mapping[str, dict[str, Any]] | None = None,
+        on_cell: Callable[[str, dict[str, Any]], Any] | None = None) -> list[dict[str, Any]]:
     """Run every unfinished cell of ``recipe`` (wave by wave) through ``executor`` (default: one
     after another in this process), write the summary into ``out`` and return the finished cells'
     records: wave by wave, in the order of the cells within a wave.
 
     ``only``: ids of the cells to run now; the others are read back, not run, and the summary
-    holds every finished cell (a sweep split over time or machines). ``report_only``: run
-    nothing, summarise the cells finished so far, in the order of the cells; ConfigError if
-    there are none."""
-    out, total = Path(out), len(recipe.cells)
+    holds every finished cell (a sweep split over time or machines). ``stored``: result records of
+    cells finished elsewhere, by cell id (the results store); a cell the run folder has not
+    finished but ``stored`` has is finished. ``on_cell(id, record)``: called as each cell this run
+    trains finishes (e.g. to publish it at once). ``report_only``: run nothing, summarise the cells
+    finished so far, in the order of the cells; ConfigError if there are none."""
+    out, total, stored = Path(out), len(recipe.cells), stored or {}
+
+    def finished(cell: Cell) -> dict[str, Any] | None:
+        record = recipe.read_cell(cell.job)
+        return stored.get(cell.id) if record is None else record
+
     if report_only:
-        results = [r for cell in recipe.cells if (r := recipe.read_cell(cell.job)) is not None]
+        results = [r for cell in recipe.cells if (r := finished(cell)) is not None]
         if not results:
             raise ConfigError(f"{recipe.cell_store or out}: no finished cells of {recipe.title} to report yet")
         out.mkdir(parents=True, exist_ok=True)
@@ -112,7 +123,7 @@ def run(recipe: Recipe, out: str | Path, executor: Executor | None = None, *, pr
             for i in (i for i in order if recipe.cells[i].wave == wave):
                 if i in wanted and not recipe.skip_finished:
                     todo.append(i)
-                elif (record := recipe.read_cell(recipe.cells[i].job)) is not None:   # finished: read back
+                elif (record := finished(recipe.cells[i])) is not None:   # finished: read back
                     records[i] = record
                     bar.update(int(i in wanted))
                 elif i in wanted:
@@ -123,6 +134,8 @@ def run(recipe: Recipe, out: str | Path, executor: Executor | None = None, *, pr
                 bar.update(1)
                 if not isinstance(outcome, NotStarted):
                     records[i] = outcome
+                    if on_cell is not None:
+                        on_cell(recipe.cells[i].id, outcome)
                     if recipe.summary_each_cell:
                         summary()
     summary()

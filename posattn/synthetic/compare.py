@@ -10,6 +10,7 @@ When all cells are done the folder gets ``results.json``, ``report.md`` and PNG 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from functools import partial
 from itertools import product
@@ -238,7 +239,8 @@ def recipe(sweep: Sweep, out: Path, device: str = "auto", progress: bool = True,
 
 
 def run_sweep(sweep: Sweep, out: str | Path, executor: Executor | None = None, device: str = "auto",
-              progress: bool = True, report_only: bool = False, compile: str | None = None) -> list[dict]:
+              progress: bool = True, report_only: bool = False, compile: str | None = None,
+              stored: dict[str, dict] | None = None, on_cell: Callable[[str, dict], Any] | None = None) -> list[dict]:
     """Run every cell not yet finished, then write results.json, report.md and the plots into ``out``;
     return the finished cells' results (:func:`posattn.experiments.sweep.run`).
 
@@ -247,6 +249,8 @@ def run_sweep(sweep: Sweep, out: str | Path, executor: Executor | None = None, d
     ``report_only``: train nothing, report the cells finished so far (a partial report says so);
     ConfigError if there are none. ``compile``: a :mod:`posattn.runtime.compile` mode for the
     training steps (the cells' results do not depend on it beyond floating-point rounding).
+    ``stored``: results of cells finished elsewhere, by id (the results store): not run again;
+    ``on_cell(id, result)``: called as each cell trained here finishes.
     """
     return sweep_runner.run(recipe(sweep, Path(out), device, progress, compile), out, executor, progress=progress,
-                            report_only=report_only)
+                            report_only=report_only, stored=stored, on_cell=on_cell)

@@ -102,17 +102,19 @@ def width_plot(train_length: int) -> str:
 
 def progress_table(config: dict[str, Any], results: list[dict]) -> list[str]:
     """Finished cells of a partial sweep, ``finished/in all``, per model and (training length,
-    width) panel: each panel of a model has one cell per learning rate and seed."""
+    width) panel (each panel of a model has one cell per learning rate and seed), and in all
+    where there are several panels."""
     labels = _labels(config)
     panels = [(n, d) for n in config["train_length"] for d in config["d_model"]]
     per_panel = len(config["training"]["lr"]) * len(config["seeds"])
+    several = len(panels) > 1
     rows = []
     for label in [*labels, None]:   # None: every model
         mine = [r for r in results if label is None or r["label"] == label]
         models = len(labels) if label is None else 1
         rows.append([label or "all", *(f"{len(_panel(mine, d, n))}/{per_panel * models}" for n, d in panels),
-                     f"{len(mine)}/{per_panel * models * len(panels)}"])
-    return md_table(["model", *(f"trained {n}, d {d}" for n, d in panels), "in all"], rows)
+                     *[f"{len(mine)}/{per_panel * models * len(panels)}"] * several])
+    return md_table(["model", *(f"trained {n}, d {d}" for n, d in panels), *["in all"] * several], rows)
 
 
 def claim_settings(config: dict[str, Any], at: dict[str, Any]) -> list[tuple[int, int, int]]:

@@ -1,6 +1,6 @@
 """The prepared GPU command's parts on the CPU: benchmark rows become store records keyed by their
 setup, a setup in the store is not measured again, stages are killed at their time box, the
-archive holds exactly the new and changed store files, stored CAT cells are skipped, and the
+archive holds exactly the new and changed store files, stored CAT cells are counted, and the
 throughput stage shrinks with GPU_CHECK_TINY and stores each setting once."""
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from posattn.bench.gpu_check import (
     Settings,
     layer_plan,
     layer_stage,
-    seed_run_folder,
+    store_counts,
     throughput_left,
     throughput_stage,
 )
@@ -110,21 +110,25 @@ def test_a_stage_is_killed_at_its_box_and_the_archive_holds_new_files(tmp_path: 
     assert "tests" in summary and "layer_eager     not reached" in summary
 
 
-def test_cells_in_the_store_are_finished_cells_of_the_run(tmp_path: Path) -> None:
+def test_cells_in_the_store_are_counted_for_the_cat_stage(tmp_path: Path) -> None:
     config = tmp_path / "tiny.yaml"
     config.write_text("name: tiny_cat\ntask: mqar\ntask_params: {num_kv_pairs: 2}\nvocab_size: 16\n"
                       "train_length: 16\ntest_multipliers: [1]\nexamples: {train: 100, valid: 20, test: 20}\n"
                       "d_model: 16\nn_heads: 2\nd_ff: 0\nmodels:\n  - {mechanisms: [cat], layers: 1}\n"
                       "  - {mechanisms: [rope], layers: 1}\ntraining: {steps: 5, batch_size: 8, lr: 0.003}\n")
-    from posattn.synthetic.compare import finished_cell, load_config, validate_config
+    from posattn.experiments.publish import recipe_result
+    from posattn.experiments.runs import Run
+    from posattn.synthetic.compare import load_config, validate_config
 
     sweep = validate_config(load_config(str(config)))
-    first = sweep.cells[0]
-    result = {"id": first.id, "accuracy": {"16": 0.5}, "label": "cat"}
-    store.publish("tiny_cat", first.id, result, store.provenance("posattn compare", "cpu"), root=tmp_path / "results")
-    run = tmp_path / "run"
-    assert seed_run_folder(str(config), run, tmp_path / "results") == ("tiny_cat", 1, 2)
-    assert finished_cell(first, [16], run) == result and finished_cell(sweep.cells[1], [16], run) is None
+    first, root = sweep.cells[0], tmp_path / "results"
+    assert store_counts(str(config), root) == ("tiny_cat", 0, 2)
+    prov = store.provenance("posattn compare", "cpu")
+    recipe = recipe_result(Run(tmp_path, "compare", "tiny_cat", sweep.config, {}, 2, "posattn compare"))
+    store.publish("tiny_cat", store.RECIPE_ID, recipe, prov, kind="recipe", root=root)
+    store.publish("tiny_cat", first.id, {"id": first.id, "accuracy": {"16": 0.5}}, prov, root=root)
+    store.publish("tiny_cat", "0123456789ab", {"id": "0123456789ab"}, prov, root=root)   # not a cell of this config
+    assert store_counts(str(config), root) == ("tiny_cat", 1, 2)
 
 
 def test_throughput_stage_is_tiny_and_stores_each_setting_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

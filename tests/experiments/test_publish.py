@@ -173,3 +173,76 @@ def test_results_list(swept: Path, tmp_path: Path, capsys) -> None:
     add_run(swept, root=results)
     assert cli.main(["results", "list", "--results", str(results)]) == 0
     assert "tiny" in (out := capsys.readouterr().out) and "compare" in out and "4/4 cells" in out
+
+
+def _store_with(swept: Path, root: Path, keep: int) -> list[str]:
+    """The store holding ``keep`` of the tiny sweep's four cells; returns the ids of the others."""
+    add_run(swept, root=root)
+    ids = sorted(p.stem for p in (root / "tiny").glob("*.json") if p.stem != store.RECIPE_ID)
+    for cell_id in ids[keep:]:
+        (root / "tiny" / f"{cell_id}.json").unlink()
+    return ids[keep:]
+
+
+def test_compare_store_trains_only_missing_cells_and_publishes_them(swept: Path, tiny: dict, tmp_path: Path,
+                                                                    monkeypatch, capsys) -> None:
+    from posattn.synthetic import compare
+
+    root = tmp_path / "results"
+    missing = _store_with(swept, root, keep=2)
+    monkeypatch.setenv(store.ROOT_ENV, str(root))
+    config = tmp_path / "tiny.yaml"
+    config.write_text(yaml.safe_dump(tiny))
+    trained = []
+    real = compare.train
+    monkeypatch.setattr(compare, "train", lambda model, *a, **k: trained.append(model) or real(model, *a, **k))
+    out = tmp_path / "run"
+    assert cli.main(["compare", str(config), "--store", "--out", str(out), "--no-progress"]) == 0
+    assert len(trained) == 2                               # the two cells the store lacked
+    assert sorted(p.name for p in (out / "cells").iterdir()) == missing
+    records = {r["id"]: r for r in store.load("tiny", root, kind="cell")}
+    assert len(records) == 4 and "Partial" not in (out / "report.md").read_text()
+    for cell_id in missing:                                # published with how they were made
+        assert records[cell_id]["provenance"]["command"] == f"posattn compare {config} --store"
+        assert records[cell_id]["result"] == json.loads((out / "cells" / cell_id / "result.json").read_text())
+    assert f"results store: 2 cell(s) of this run added to {root}/tiny/, 4 of 4 cells there" in capsys.readouterr().out
+
+
+def test_compare_store_publishes_each_cell_before_a_later_one_fails(swept: Path, tiny: dict, tmp_path: Path,
+                                                                      monkeypatch) -> None:
+    from posattn.synthetic import compare
+
+    root = tmp_path / "results"
+    _store_with(swept, root, keep=1)
+    monkeypatch.setenv(store.ROOT_ENV, str(root))
+    config = tmp_path / "tiny.yaml"
+    config.write_text(yaml.safe_dump(tiny))
+    real, calls, seen = compare.train, [], []
+
+    def train(model, *a, **k):
+        calls.append(1)
+        if len(calls) == 2:   # the first cell trained here is in the store by now
+            seen.append(len(store.load("tiny", root, kind="cell")))
+            raise RuntimeError("the machine went away")
+        return real(model, *a, **k)
+
+    monkeypatch.setattr(compare, "train", train)
+    assert cli.main(["compare", str(config), "--store", "--out", str(tmp_path / "run"), "--no-progress"]) == 1
+    assert seen == [2] and len(store.load("tiny", root, kind="cell")) == 2
+
+
+def test_compare_store_refuses_another_config_under_the_name_before_training(swept: Path, tiny: dict,
+                                                                             tmp_path: Path, monkeypatch,
+                                                                             capsys) -> None:
+    from posattn.synthetic import compare
+
+    root = tmp_path / "results"
+    add_run(swept, root=root)
+    monkeypatch.setenv(store.ROOT_ENV, str(root))
+    monkeypatch.setattr(compare, "train", lambda *a, **k: pytest.fail("trained despite the refusal"))
+    config = tmp_path / "tiny.yaml"
+    config.write_text(yaml.safe_dump({**tiny, "seeds": [5]}))
+    assert cli.main(["compare", str(config), "--store", "--out", str(tmp_path / "run"), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "another compare config named 'tiny'" in err and "without --store" in err
+    assert len(store.load("tiny", root, kind="cell")) == 4

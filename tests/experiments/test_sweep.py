@@ -160,3 +160,21 @@ def test_config_yaml_is_replaced_atomically(tmp_path, monkeypatch):
         sweep.run(recipe, tmp_path, progress=False)
     assert (tmp_path / "config.yaml").read_text() == "name: old\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cells", "config.yaml"]
+
+
+def test_cells_finished_elsewhere_are_not_run_and_each_new_cell_is_handed_on(tmp_path: Path) -> None:
+    recipe, summaries = toy(tmp_path, ["a", "b", "c"])
+    elsewhere = {"b": {"id": "b", "value": 99}}
+    handed: list[tuple[str, dict]] = []
+    results = sweep.run(recipe, tmp_path, progress=False, stored=elsewhere,
+                        on_cell=lambda cell_id, record: handed.append((cell_id, record)))
+    assert calls(tmp_path) == ["a", "c"]                        # b was finished elsewhere
+    assert [r["value"] for r in results] == [1, 99, 1] and summaries[-1] == (["a", "b", "c"], 3)
+    assert handed == [("a", {"id": "a", "value": 1}), ("c", {"id": "c", "value": 1})]
+    # the run folder's own record of a cell wins over the stored one; report-only counts stored cells
+    files.write_json_atomic(tmp_path / "cells" / "b.json", {"id": "b", "value": 1})
+    recipe, summaries = toy(tmp_path, ["a", "b", "c", "d"])
+    sweep.run(recipe, tmp_path, progress=False, report_only=True, stored={"b": {"id": "b", "value": 99},
+                                                                         "d": {"id": "d", "value": 7}})
+    assert summaries[-1] == (["a", "b", "c", "d"], 4)
+    assert json.loads((tmp_path / "results.json").read_text())["cells"][1]["value"] == 1
