@@ -131,6 +131,24 @@ def test_cells_in_the_store_are_counted_for_the_cat_stage(tmp_path: Path) -> Non
     assert store_counts(str(config), root) == ("tiny_cat", 1, 2)
 
 
+def test_cat_stage_trains_the_missing_cells_into_the_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("POSATTN_NATIVE", "0")  # the child compare need not wait for the fused kernels' build
+    config = tmp_path / "tiny.yaml"
+    config.write_text("name: tiny_cat\ntask: mqar\ntask_params: {num_kv_pairs: 2}\nvocab_size: 16\n"
+                      "train_length: 16\ntest_multipliers: [1]\nexamples: {train: 64, valid: 16, test: 16}\n"
+                      "d_model: 16\nn_heads: 2\nd_ff: 0\nmodels:\n  - {mechanisms: [cat], layers: 1}\n"
+                      "  - {mechanisms: [rope], layers: 1}\ntraining: {steps: 3, batch_size: 8, lr: 0.003}\n")
+    s = tiny(tmp_path, seconds=400.0, recipes=[str(config)], workers=1)
+    driver = Driver(s)
+    driver.cat()
+    records = store.load("tiny_cat", s.results, kind="cell")
+    assert len(records) == 2 and {r["provenance"]["command"] for r in records} == \
+        {f"posattn compare {config} --store --device cpu"}
+    assert "tiny_cat: 2 new cells, 2/2 in the store" in driver.results[-1].note
+    driver.cat()   # nothing left: no compare starts
+    assert "tiny_cat: complete in the store (2 cells)" in driver.results[-1].note
+
+
 def test_throughput_stage_is_tiny_and_stores_each_setting_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from posattn.bench.throughput import RECIPE
 
