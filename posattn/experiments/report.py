@@ -24,6 +24,7 @@ from posattn.experiments import store
 from posattn.experiments.publish import comparable
 from posattn.experiments.runs import read_run
 from posattn.experiments.summary import summary_report
+from posattn.markdown import table
 from posattn.runtime.files import write_json_atomic, write_text_atomic
 
 
@@ -41,6 +42,7 @@ class Gathered:
     summaries: list[dict[str, Any]] = field(default_factory=list)
     lengths: list[dict[str, Any]] = field(default_factory=list)   # eval-lm rows, whole records
     made_by: dict[str, str] | None = None   # the provenance of recipe.json: the command that trains the recipe
+    provenance: dict[str, dict[str, str]] = field(default_factory=dict)   # cell id -> its record's provenance
 
     def counts(self) -> str:
         """``N of M cells present (K missing)``, or what the summary data holds."""
@@ -71,6 +73,7 @@ def gather(recipe: str, root: str | Path | None = None, runs: list[str | Path] =
             got.lengths.append(record)
         else:
             got.cells[record["id"]] = record["result"]
+            got.provenance[record["id"]] = record["provenance"]
     for folder in runs:
         run = read_run(folder)
         if got.sweep is None:
@@ -147,6 +150,26 @@ def _lengths(got: Gathered, out: Path | None) -> str:
     return lengths_text(rows, labels, [got.made_by] * (got.made_by is not None) + commands)
 
 
+def cells_provenance(got: Gathered) -> list[str]:
+    """Where the cells come from: how many each (hardware, command) trained, and when; cells of
+    local run folders, not in the store, are counted apart."""
+    groups: dict[tuple[str, str], list[str]] = {}
+    for cell_id in got.cells:
+        prov = got.provenance.get(cell_id)
+        key = (prov["hardware"], prov["command"]) if prov else ("", "")
+        groups.setdefault(key, []).append(prov["date"] if prov else "")
+    rows = []
+    for (hardware, command), dates in sorted(groups.items(), key=lambda item: (-len(item[1]), item[0])):
+        if not hardware:
+            rows.append([str(len(dates)), "–", "a local run folder (not in the store)", "–"])
+            continue
+        span = min(dates) if min(dates) == max(dates) else f"{min(dates)} to {max(dates)}"
+        rows.append([str(len(dates)), span, hardware, f"`{command}`"])
+    return ["## Where the cells come from", "",
+            "Times in the tables are wall time on the machine that trained the cell.", "",
+            *table(["cells", "date", "hardware", "command"], rows)]
+
+
 REPORTS = {"compare": _compare, "finetune": _finetune, "pretrain": _pretrain, "table3": _table3, "bench": _bench}
 
 
@@ -165,6 +188,8 @@ def build(recipe: str, root: str | Path | None = None, runs: list[str | Path] = 
             write_json_atomic(folder / "results.json", {"name": recipe, "summaries": got.summaries})
     else:
         text = REPORTS[got.sweep](got, folder)
+        if got.cells and got.sweep != "bench":   # benchmark records give their provenance per table
+            text = text.rstrip() + "\n\n" + "\n".join(cells_provenance(got))
         if got.summaries and len(got.cells) < (got.total or 0):   # the measured table stands until the cells do
             text += "\n\n" + summary_report(recipe, got.summaries, root)
     if got.lengths:

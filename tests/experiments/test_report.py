@@ -23,12 +23,34 @@ def test_compare_report_from_the_store_is_the_sweeps_own(swept: Path, tmp_path: 
     assert cli.main(["report", "tiny", "--results", str(results), "--out", str(out)]) == 0
     printed = capsys.readouterr().out
     assert "tiny: 4 of 4 cells present (0 missing)" in printed
-    assert (out / "report.md").read_text() == (swept / "report.md").read_text()
+    own, provenance = (out / "report.md").read_text().split("\n\n## Where the cells come from\n")
+    assert own == (swept / "report.md").read_text().rstrip()       # the sweep's own report, then where from
+    assert (f"| 4 | {store.provenance('x')['date']} | {store.hardware()} | `posattn compare tiny.yaml --out {swept}` |"
+            in provenance)
     assert "## The paper's claims" in printed and "rope beats none" in printed
     ours, theirs = (json.loads((f / "results.json").read_text()) for f in (out, swept))
     key = sorted(theirs["cells"], key=lambda r: r["id"])
     assert sorted(ours["cells"], key=lambda r: r["id"]) == key and ours["cells_total"] == 4
     assert {p.name for p in out.glob("*.png")} == {p.name for p in swept.glob("*.png")}
+
+
+def test_cells_are_counted_by_where_they_come_from(swept: Path, tmp_path: Path) -> None:
+    results = tmp_path / "results"
+    add_run(swept, root=results, command="posattn compare tiny --device cuda", hardware="NVIDIA H100 80GB HBM3")
+    paths = sorted(p for p in (results / "tiny").glob("*.json") if p.stem != store.RECIPE_ID)
+    for path in paths[:3]:
+        path.unlink()
+    add_run(swept, root=results, command="posattn compare tiny --store", hardware="AMD EPYC, 2 cores")
+    data = json.loads(paths[0].read_text())
+    data["provenance"]["date"] = "2026-01-02"   # one of the CPU cells is older
+    paths[0].write_text(json.dumps(data))
+    paths[3].unlink()                            # and one cell only in a local run folder
+    _, text = build("tiny", results, runs=[swept])
+    rows = [line for line in text.split("## Where the cells come from")[1].splitlines() if line.startswith("| ")]
+    today = store.provenance("x")["date"]
+    assert rows == ["| cells | date | hardware | command |",    # most cells first
+                    f"| 3 | 2026-01-02 to {today} | AMD EPYC, 2 cores | `posattn compare tiny --store` |",
+                    "| 1 | – | a local run folder (not in the store) | – |"]
 
 
 def test_missing_cells_are_counted_and_local_runs_fill_them(swept: Path, tiny: dict, tmp_path: Path) -> None:
@@ -65,7 +87,7 @@ def test_markdown_prints_the_tables_and_writes_nothing(swept: Path, tmp_path: Pa
     monkeypatch.chdir(tmp_path)
     assert cli.main(["report", "tiny", "--results", "results", "--markdown"]) == 0
     captured = capsys.readouterr()
-    assert captured.out.strip() == (swept / "report.md").read_text().strip()
+    assert captured.out.split("\n\n## Where the cells come from")[0] == (swept / "report.md").read_text().strip()
     assert "4 of 4 cells present" in captured.err
     assert not (tmp_path / "runs").exists()
 
