@@ -104,4 +104,3 @@ def store_command(args: argparse.Namespace, name: str) -> str:
     if args.compile:
         command += ["--compile", args.compile]
     return shlex.join(command)
-
