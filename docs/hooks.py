@@ -2,7 +2,8 @@
 
 on_config adds the results store's recipes to the navigation; on_files adds the generated pages
 (the mechanism and command-line references, the results pages and the plots they show, the
-examples, the changelog and the citation and licence) as files that exist only in the build, never in docs/. The store is $POSATTN_RESULTS, else the repository's results/.
+examples, the changelog and the citation and licence) as files that exist only in the build,
+never in docs/. The store is $POSATTN_RESULTS, else the repository's results/.
 """
 from __future__ import annotations
 

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# The prepared GPU command: CUDA tests, layer and whole-model benchmarks and the CAT Fig 2 sweep's
-# cells per GPU-hour (posattn bench-throughput) into the results store, then the next unfinished cells of the CAT figure recipes, all inside one hard deadline.
+# The prepared GPU command: CUDA tests, layer and whole-model benchmarks, one profiled training step
+# of each setup that missed its target, and the CAT Fig 2 sweep's cells per GPU-hour (posattn
+# bench-throughput) into the results store, then the next unfinished cells of the CAT figure
+# recipes, all inside one hard deadline.
 #
 #   OUT=/path/to/empty/folder bash scripts/gpu_check.sh        # from the repository root
 #
@@ -10,9 +12,9 @@
 # model_bench.json, throughput.json. Settings (environment): GPU_CHECK_SECONDS (default 480), GPU_CHECK_DEVICE
 # (cuda), GPU_CHECK_WORKERS (compare workers, 12), GPU_CHECK_REPEATS (3), GPU_CHECK_COMPILE_MODE
 # (default), GPU_CHECK_COMPILE_GROUP (2) and GPU_CHECK_EAGER_GROUP (12) (mechanisms per run),
-# GPU_CHECK_BOXES ("tests=60 layer_eager=120 layer_compiled=100 models=90 throughput=90"), GPU_CHECK_SHAPES
-# ("4096x16 512x16 ..."), GPU_CHECK_MECHANISMS, GPU_CHECK_RECIPES, GPU_CHECK_TINY=1 (tiny sizes:
-# the whole command on a CPU in a minute or two); see posattn/bench/gpu_check.py.
+# GPU_CHECK_BOXES ("tests=60 layer_eager=120 layer_compiled=100 models=90 profile=60 throughput=90"),
+# GPU_CHECK_SHAPES ("4096x16 512x16 ..."), GPU_CHECK_MECHANISMS, GPU_CHECK_RECIPES, GPU_CHECK_TINY=1
+# (tiny sizes: the whole command on a CPU in a minute or two); see posattn/bench/gpu_check.py.
 set -u
 if [ -z "${OUT:-}" ] || [ ! -d "$OUT" ]; then
     echo "gpu_check.sh: set OUT to an existing folder for the results" >&2

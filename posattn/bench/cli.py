@@ -23,6 +23,7 @@ from . import decode, gpu_check, throughput
 from .cases import Sizes, parse_mechanisms
 from .models import DEFAULT_MECHANISMS, HF_MODELS, MODEL_LENGTHS, MODEL_SIZES, model_name, model_rows
 from .peers import skipped as skipped_peers
+from .profile import profiles_text
 from .report import grid_markdown, model_table, ordered, plot, save_json, table, targets
 from .run import KINDS, BenchOptions, conv_rows, peer_matches, run
 from .spec import BASELINE
@@ -68,6 +69,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                         f"{', '.join(COMPILE_MODES)}; default 'default'; 'reduce-overhead' adds CUDA graphs, "
                         "'dynamo' only traces); ratios are then to the compiled plain-SDPA model, and peak "
                         "memory is not measured")
+    p.add_argument("--profile", nargs="?", const=8, type=positive_int, metavar="K",
+                   help="after timing, run each case's training step once under torch.profiler and add its K "
+                        "(default 8) most expensive operators by self time (and on CUDA its kernels) to the row "
+                        "and to bench.txt: where the time of a slow case goes")
     p.add_argument("--no-memory", action="store_true", help="skip the peak-memory child processes")
     p.add_argument("--no-time", action="store_true", help="only peak memory (e.g. for n = 16384)")
     p.add_argument("--peers", action="store_true",
@@ -159,7 +164,7 @@ def options(args: argparse.Namespace) -> BenchOptions:
                         warmup=_first(args.warmup, quick.get("warmup"), 1),
                         timing=not args.no_time, memory=not args.no_memory, peers=args.peers,
                         compile=args.compile, policy=policy_overrides(args.policy),
-                        ab=policy_overrides(args.ab, "--ab"))
+                        ab=policy_overrides(args.ab, "--ab"), profile=args.profile or 0)
     if mechs is not None:
         opts.mechanisms = mechs
     return opts
@@ -225,7 +230,8 @@ def _model_options(args: argparse.Namespace, quick: dict, mechs: list | None) ->
                         sizes=sizes, threads=args.threads, batches=args.batch or [MODEL_SIZES.batch],
                         models=names + available, repeats=_first(args.repeats, quick.get("repeats"), 5),
                         warmup=_first(args.warmup, quick.get("warmup"), 1),
-                        timing=not args.no_time, memory=not args.no_memory, compile=args.compile)
+                        timing=not args.no_time, memory=not args.no_memory, compile=args.compile,
+                        profile=args.profile or 0)
 
 
 def bench_command(args: argparse.Namespace) -> None:
@@ -250,7 +256,9 @@ def bench_command(args: argparse.Namespace) -> None:
         rows = model_rows(rows)
     text = model_table(rows) if args.models else table(rows)
     checks = targets(rows, peer_matches())
-    (args.out / "bench.txt").write_text(text + ("\n\n" + "\n".join(checks) if checks else "") + "\n")
+    where = profiles_text(rows)
+    (args.out / "bench.txt").write_text(text + ("\n\n" + "\n".join(checks) if checks else "")
+                                        + ("\n\n" + where if where else "") + "\n")
     save_json(rows, args.out / "bench.json")
     grids = grid_markdown(rows)
     if grids:
@@ -264,6 +272,8 @@ def bench_command(args: argparse.Namespace) -> None:
         if checks:
             print("\ntargets:")
             print("\n".join("  " + c for c in checks))
+        if where:
+            print("\n" + where)
         print(f"\nwrote {args.out / 'bench.txt'}, {args.out / 'bench.json'}, {args.out / 'bench.png'}")
     for r in rows:
         if "error" in r:

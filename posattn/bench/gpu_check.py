@@ -9,10 +9,12 @@ each result as soon as it exists:
 3. ``layer_compiled``: the same with the steps compiled (``torch.compile``), the target
    mechanisms at n = 4096 first, a few mechanisms per run;
 4. ``models``: whole models against Hugging Face (:mod:`.models`) at BERT-base size;
-5. ``throughput``: cells per GPU-hour of the CAT Fig 2 sweep (:mod:`.throughput`): one eager
+5. ``profile``: where the time goes (:mod:`.profile`, one profiled training step) in the setups
+   whose GPU targets were missed: the layer at n = 4096 and the whole encoder against BERT;
+6. ``throughput``: cells per GPU-hour of the CAT Fig 2 sweep (:mod:`.throughput`): one eager
    worker against several workers per GPU and the compiled step, on its largest and a middle
    shape;
-6. ``cat``: the next unfinished cells of the CAT figure recipes (``posattn compare``).
+7. ``cat``: the next unfinished cells of the CAT figure recipes (``posattn compare``).
 
 Each stage is a child process killed at the end of its time box (or of the whole deadline), so
 a kill loses at most the run in flight; every measured setup is a results-store record
@@ -48,10 +50,10 @@ from ..runtime.files import check_name, write_bytes_atomic, write_text_atomic
 from .cases import Sizes, spec_label
 from .report import save_json
 
-STAGES = ("tests", "layer_eager", "layer_compiled", "models", "throughput", "cat")
+STAGES = ("tests", "layer_eager", "layer_compiled", "models", "profile", "throughput", "cat")
 # the longest each stage may take (seconds), within the whole deadline; "cat" takes what is left
 # (a first window measures; the stages skip what the store holds, so later windows go to the CAT cells)
-BOXES = {"tests": 60, "layer_eager": 120, "layer_compiled": 100, "models": 90, "throughput": 90}
+BOXES = {"tests": 60, "layer_eager": 100, "layer_compiled": 80, "models": 60, "profile": 75, "throughput": 90}
 RESERVE = 15  # seconds kept at the end for the archive and the summary
 PUBLISH = 30  # seconds kept after a compare run to copy its finished cells into the store
 # (n, batch), most useful first: the n = 4096 targets, then the shapes of the earlier H100 table
@@ -59,6 +61,13 @@ SHAPES = [(4096, 16), (512, 16), (128, 16), (512, 64), (128, 64), (4096, 64)]
 # compiled first: the mechanisms the layer targets name, and the ones users train most
 COMPILE_FIRST = ["alibi", "t5", "tisa", "fixed_conv", "dynamic_conv", "rope", "absolute", "cat"]
 MODEL_MECHANISMS = ["alibi", "t5", "tisa", "fixed_conv", "dynamic_conv", "composite", "cat"]
+# the profile stage, most telling first: the layers that missed 1.25× SDPA at n = 4096 (three per run,
+# each beside plain SDPA), then the whole encoder against BERT and the score-term encoders that missed
+# 1.10× / 1.25× the encoder with absolute (trained with attention dropout: the dense bias path)
+PROFILE_LAYER = ["t5", "alibi", "tisa", "dynamic_conv", "fixed_conv", "key_dynamic_conv", "composite", "diet_rel",
+                 "cat"]
+PROFILE_MODELS = [[], ["t5", "dynamic_conv", "composite"], ["alibi", "tisa", "cat"]]  # []: absolute and BERT
+PROFILE_TOP = 10
 RECIPES = ["cat_fair_ar_length", "cat_fair_mqar", "cat_fair_mqnar", "cat_fair_landmark"]
 TESTS = ["tests/core/test_cuda.py", "tests/pretrain/test_cuda.py"]
 THROUGHPUT_RECIPE = "cat_fair_mqar"  # CAT Fig 2
@@ -97,6 +106,7 @@ class Settings:
     throughput_settings: list[tuple[int, str | None]] = field(default_factory=lambda: list(THROUGHPUT_SETTINGS))
     throughput_steps: int = 200
     throughput_warmup: int = 5
+    profile_shape: tuple[int, int] = (4096, 16)  # (n, batch) of the layer profiles
 
     @classmethod
     def from_env(cls, out: str | Path, env: dict[str, str] | None = None) -> Settings:
@@ -111,6 +121,7 @@ class Settings:
                 s.shapes = [(32, 2), (64, 2)]
                 s.throughput_cells, s.throughput_settings = ["smallest"], [(1, None), (2, None)]
                 s.throughput_steps, s.throughput_warmup = 3, 1
+                s.profile_shape = (64, 2)
             if "GPU_CHECK_SHAPES" in env:  # "4096x16 512x16"
                 s.shapes = [tuple(_ints(p.replace("x", " "))) for p in env["GPU_CHECK_SHAPES"].split()]  # type: ignore[misc]
             s.mechanisms = get("GPU_CHECK_MECHANISMS", "").replace(",", " ").split()
@@ -173,9 +184,7 @@ def layer_todo(s: Settings, mode: str, hw: str | None = None) -> list[tuple[Size
     from .store import LAYER_RECIPE, missing, setup
 
     names = s.mechanisms or registry.names()
-    # the earlier H100 table's size (4 heads of 64); tiny: 2 heads of 16, fp32 (CPUs lack fast bf16)
-    sizes = replace(Sizes(heads=2, head_dim=16) if s.tiny else Sizes(), device=s.device,
-                    dtype="float32" if s.tiny else "bfloat16")
+    sizes = layer_sizes(s)
     hw = hw or hardware(s.device)
     out = []
     for n, batch, group in layer_plan(names, s.shapes, s.eager_group if mode == "eager" else s.compile_group):
@@ -311,6 +320,79 @@ def throughput_left(s: Settings) -> str:
     return f"{left} settings left" if left else "every setting in the store"
 
 
+def layer_sizes(s: Settings) -> Sizes:
+    """The layer stages' sizes: the earlier H100 table's (4 heads of 64) in bf16; tiny: 2 heads
+    of 16 in fp32 (CPUs lack fast bf16). ``max_len`` and ``batch`` are set per run."""
+    return replace(Sizes(heads=2, head_dim=16) if s.tiny else Sizes(), device=s.device,
+                   dtype="float32" if s.tiny else "bfloat16")
+
+
+def profile_todo(s: Settings) -> list[tuple[str, Sizes, list[str]]]:
+    """The profile runs whose setups are not all in the store: (bench kind, sizes, case names),
+    one layer run (:data:`PROFILE_LAYER`, three mechanisms each; plain SDPA is in every run)
+    then two model runs (:data:`PROFILE_MODELS`), and so on. Only registered mechanisms, or those
+    of ``GPU_CHECK_MECHANISMS`` when set."""
+    from .. import mechanisms as registry
+    from ..experiments.store import hardware
+    from .cases import CaseSpec
+    from .models import model_name
+    from .store import PROFILE_RECIPE, missing, setup
+
+    hw = hardware(s.device)
+    keep = set(s.mechanisms or registry.names())
+    n, batch = s.profile_shape
+    sizes = replace(layer_sizes(s), batch=batch, max_len=n)
+    mechs = [m for m in PROFILE_LAYER if m in keep]
+    layer = [("layer", sizes, mechs[i:i + 3]) for i in range(0, len(mechs), 3)]
+    msizes = model_sizes(s)
+    models = [("model", msizes, [model_name("posattn_encoder", [m]) for m in group if m in keep] if group
+               else [model_name("posattn_encoder"), "hf_bert"]) for group in PROFILE_MODELS]
+    models = [run for run in models if run[2]]
+    # alternate, so that a short window profiles some of each: layer, model, model, layer, ...
+    runs: list[tuple[str, Sizes, list[str]]] = []
+    while layer or models:
+        runs += layer[:1] + models[:2]
+        layer, models = layer[1:], models[2:]
+
+    def label(bench: str, name: str, at: Sizes) -> str:
+        return spec_label([name]) if bench == "layer" else CaseSpec("model", name, at.max_len).label
+
+    return [(bench, at, names) for bench, at, names in runs
+            if missing(PROFILE_RECIPE, [setup(bench, label(bench, name, at), at.max_len, at.batch, at, "eager", hw)
+                                        for name in names], s.results)]
+
+
+def profile_stage(s: Settings) -> None:
+    """One profiled training step (and one timed round) per setup of :func:`profile_todo`, each
+    run's rows stored in ``gpu_profile`` when it ends."""
+    import torch
+
+    from ..experiments.store import provenance
+    from .run import BenchOptions, run
+    from .store import PROFILE_RECIPE, publish_recipe, publish_rows
+
+    for bench, sizes, names in profile_todo(s):
+        n = sizes.max_len
+        where = f"profile {bench} n={n} batch={sizes.batch}"
+        _log(f"{where}: {', '.join(names)}")
+        common = dict(lengths=[n], batches=[sizes.batch], sizes=sizes, threads=min(16, torch.get_num_threads()),
+                      repeats=1, warmup=0, memory=False, profile=PROFILE_TOP)
+        if bench == "layer":
+            opts = BenchOptions(mechanisms=[[m] for m in names], kinds=("layer",), **common)  # type: ignore[arg-type]
+            command = f"posattn bench --kinds layer -m {' '.join(names)}"
+        else:
+            opts = BenchOptions(kinds=("model",), models=names, **common)  # type: ignore[arg-type]
+            command = f"posattn bench --models ({', '.join(names)})"
+        rows = run(opts, log=_log)
+        command += (f" --device {s.device} --dtype {sizes.dtype} -n {n} --batch {sizes.batch} --repeats 1 "
+                    f"--warmup 0 --profile {PROFILE_TOP}")
+        prov = provenance(command, s.device)
+        if any(r.get("profile") for r in rows):
+            publish_recipe(PROFILE_RECIPE, "profile", prov, s.results)
+        written, kept = publish_rows(PROFILE_RECIPE, bench, rows, sizes, "eager", prov, s.results)
+        _log(f"{where}: {written} records written, {kept} already there")
+
+
 # -- the CAT figure cells -------------------------------------------------------------------------
 def store_counts(recipe: str, root: Path) -> tuple[str, int, int]:
     """(the sweep's name, its cells in the store, its cells in all); one error if the store holds
@@ -408,6 +490,8 @@ class Driver:
                    left=lambda: self.layer_left(s.compile_mode))
         self.stage("models", self.me("--stage", "models"),
                    left=lambda: f"{len(model_todo(s))} model runs left" if model_todo(s) else "every run in the store")
+        self.stage("profile", self.me("--stage", "profile"), left=lambda: (
+            f"{len(profile_todo(s))} profile runs left" if profile_todo(s) else "every setup in the store"))
         self.stage("throughput", self.me("--stage", "throughput"), left=lambda: throughput_left(s))
         self.cat()
 
@@ -483,6 +567,8 @@ def command(args: argparse.Namespace) -> None:
         layer_stage(s, s.compile_mode, s.out / "layer_bench_compiled.json")
     elif args.stage == "models":
         model_stage(s, s.out / "model_bench.json")
+    elif args.stage == "profile":
+        profile_stage(s)
     elif args.stage == "throughput":
         throughput_stage(s, s.out / "throughput.json")
     else:
@@ -495,7 +581,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                        "the results store within one deadline", description=plain(__doc__),
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", required=True, type=Path, help="folder for the archive, logs and summary ($OUT)")
-    p.add_argument("--stage", choices=["layer_eager", "layer_compiled", "models", "throughput"],
+    p.add_argument("--stage", choices=["layer_eager", "layer_compiled", "models", "profile", "throughput"],
                    help="run one measuring stage in this process (the driver's children)")
     p.set_defaults(func=command, writes={
         "OUT/summary.txt": "the stages run, their times and what was left",

@@ -1,7 +1,7 @@
 """``posattn report`` of the GPU benchmark recipes (``gpu_layer_bench``, ``gpu_model_bench``,
-``gpu_sweep_throughput``): their tables, the GPU targets judged, the setups the layer grid
-still lacks, and a sweep's cells per hour before and after, from the results store's records
-(:mod:`.store`, :mod:`.throughput`).
+``gpu_profile``, ``gpu_sweep_throughput``): their tables, the profiled steps, the GPU targets
+judged, the setups the layer grid still lacks, and a sweep's cells per hour before and after,
+from the results store's records (:mod:`.store`, :mod:`.throughput`).
 
 Every number is a record's bench row as it was measured: a ratio (``train_ratio`` to plain SDPA,
 ``speed_vs_hf_bert``, ``vs_posattn_encoder``...) was formed in the run that timed both sides, in
@@ -210,6 +210,39 @@ def model_report(recipe: str, records: list[dict[str, Any]], out: Path | None) -
     return lines
 
 
+# -- profiles -------------------------------------------------------------------------------------
+def profile_report(recipe: str, records: list[dict[str, Any]]) -> list[str]:
+    """Per setup group (hardware, bench, n, batch, size): each case's profiled training step,
+    plain SDPA or the Hugging Face model first, with the step time and ratio of that run."""
+    from .profile import profile_lines
+
+    lines = [f"# {recipe}: where a training step's time goes", "",
+             ("One training step per case under `torch.profiler` after a timed one: on a GPU the kernels' time, "
+              "attributed to the operator that launched them (`ops`) and by kernel (`kernels`, whose names say "
+              "which attention backend ran); shares are of the step's total on that clock. The step time and "
+              "× SDPA are from the single timed round of the same run (noisier than the benchmark's medians)."), ""]
+    groups: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+    for r in records:
+        res = r["result"]
+        groups.setdefault((res["hardware"], res["bench"], res["dtype"], res["n"], res["batch"], res["heads"],
+                           res["head_dim"], res["layers"], res["dropout"]), []).append(r)
+    for (hw, bench, dtype, n, batch, heads, head_dim, layers, dropout), group in sorted(groups.items()):
+        what = "one attention block" if bench == "layer" else f"whole models, {layers} layers"
+        lines += [f"## {hw}, {dtype}: {what}, n {n}, batch {batch} ({heads} heads × {head_dim}"
+                  f"{f', dropout {dropout}' if dropout else ''})", ""]
+        text: list[str] = []
+        first = (BASELINE, *HF_MODELS, REFERENCE)
+        for r in sorted(group, key=lambda r: (r["result"]["case"] not in first, r["result"]["case"])):
+            row = r["result"]["row"]
+            step = f", step {row['train_ms']:.1f} ms" if row.get("train_ms") is not None else ""
+            ratio = f" (× SDPA {row['train_ratio']:.2f})" if row.get("train_ratio") is not None else ""
+            where = profile_lines("  profiled", row["profile"]) if row.get("profile") else ["  no profile"]
+            text += [f"{row['mechanism']} [path {row.get('path') or '-'}{step}{ratio}]", *where, ""]
+        lines += fenced("\n".join(text).rstrip())
+        lines += ["Provenance:", *provenance_lines(group), ""]
+    return lines
+
+
 # -- sweep throughput -----------------------------------------------------------------------------
 def throughput_groups(records: list[dict[str, Any]]) -> list[tuple[str, list[dict[str, Any]]]]:
     """The records by cell and measuring run (hardware, cell, timed steps, warm-up, threads):
@@ -263,9 +296,11 @@ def report(recipe: str, config: dict[str, Any], root: str | Path | None, out: Pa
         lines = model_report(recipe, records, out)
     elif bench == "throughput":
         lines = throughput_report(recipe, records)
+    elif bench == "profile":
+        lines = profile_report(recipe, records)
     else:
         raise PositionError(f"results store: recipe {recipe!r} is a bench recipe of unknown bench {bench!r} "
-                            f"(layer, model or throughput)")
+                            f"(layer, model, profile or throughput)")
     if not records:
         lines.insert(2, "No records yet.\n")
     if out is not None:

@@ -17,6 +17,7 @@ from ..runtime.compile import compiled as compiled_fn
 from . import peers as peer_lib
 from .cases import BASELINE, Case, CaseSpec, Sizes, make_case, spec_label
 from .measure import measure_memory, median, time_cases
+from .profile import step_profile
 
 KINDS = ("layer", "op")  # "model" (whole models against Hugging Face) runs on its own: --models
 
@@ -40,6 +41,7 @@ class BenchOptions:
     memory: bool = True
     peers: bool = False
     compile: str | None = None  # a COMPILE_MODES entry: every case's steps through torch.compile
+    profile: int = 0  # > 0: after timing, one profiled training step per case, its top entries (:mod:`.profile`)
 
 
 def _log(msg: str) -> None:
@@ -116,6 +118,7 @@ def _measure(n: int, sizes: Sizes, opts: BenchOptions, log: Callable[[str], None
     errors: dict[CaseSpec, str] = {}
     times: dict[CaseSpec, dict[str, list[float]]] = {}
     paths: dict[CaseSpec, str] = {}
+    profiles: dict[CaseSpec, dict[str, Any]] = {}
     applicable = specs
     if opts.timing:
         log(f"{where}: building {len(specs)} cases")
@@ -124,17 +127,33 @@ def _measure(n: int, sizes: Sizes, opts: BenchOptions, log: Callable[[str], None
         applicable = [c.spec for c in cases]
         log(f"{where}: timing {len(cases)} cases × {opts.repeats} rounds")
         times = time_cases(cases, opts.repeats, opts.warmup, lambda m: log(f"{where}: {m}")) if cases else {}
+        if opts.profile:
+            log(f"{where}: profiling one training step of {len(cases)} cases")
+            profiles = _profiles(cases, sizes.device, opts.profile)
         del cases
     memory: dict[CaseSpec, dict[str, Any]] = {}
     if opts.memory and not opts.compile:  # the memory child rebuilds eager cases: compiled runs have none
         log(f"{where}: peak memory of {len(applicable)} cases (child process)")
         memory = measure_memory(applicable, sizes, opts.threads, policy=opts.policy)
-    return _rows(n, sizes, specs, times, memory, paths, errors, opts)
+    return _rows(n, sizes, specs, times, memory, paths, errors, opts, profiles)
+
+
+def _profiles(cases: list[Case], device: str, top: int) -> dict[CaseSpec, dict[str, Any]]:
+    """One profiled training step per case (:func:`.profile.step_profile`); a case whose step
+    fails under the profiler keeps its times, its profile is the error."""
+    out: dict[CaseSpec, dict[str, Any]] = {}
+    for case in cases:
+        try:
+            out[case.spec] = step_profile(case.train, device, top)
+        except Exception as e:  # noqa: BLE001 - reported in the row, the other cases go on
+            out[case.spec] = {"error": f"{type(e).__name__}: {e}"}
+    return out
 
 
 def _rows(n: int, sizes: Sizes, specs: list[CaseSpec], times: dict[CaseSpec, dict[str, list[float]]],
           memory: dict[CaseSpec, dict[str, Any]], paths: dict[CaseSpec, str],
-          errors: dict[CaseSpec, str], opts: BenchOptions) -> list[dict[str, Any]]:
+          errors: dict[CaseSpec, str], opts: BenchOptions,
+          profiles: dict[CaseSpec, dict[str, Any]] | None = None) -> list[dict[str, Any]]:
     """One row per case; ratios against the same kind's plain-SDPA baseline (model cases have
     none: :func:`.models.model_rows` compares them with Hugging Face instead)."""
     rows = []
@@ -163,6 +182,8 @@ def _rows(n: int, sizes: Sizes, specs: list[CaseSpec], times: dict[CaseSpec, dic
         row["infer_peak_mem_mb"] = mem.get("infer_mb")
         row["mem_ratio"] = (mem["train_mb"] / base_mem["train_mb"]
                             if mem.get("train_mb") is not None and base_mem.get("train_mb") else None)
+        if profiles and spec in profiles:
+            row["profile"] = profiles[spec]
         err = errors.get(spec) or mem.get("error")
         if err:
             row["error"] = err

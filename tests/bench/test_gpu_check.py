@@ -167,3 +167,35 @@ def test_throughput_stage_is_tiny_and_stores_each_setting_once(tmp_path: Path, m
     assert all(r["result"]["recipe"] == "cat_fair_mqar" and r["result"]["steps"] == 3 for r in records)
     assert len(json.loads((tmp_path / "throughput.json").read_text())) == 2
     assert throughput_left(s) == "every setting in the store"
+
+
+def test_profile_stage_stores_each_setup_once_and_reports_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from posattn.bench.records import report
+    from posattn.bench.store import PROFILE_RECIPE
+
+    pytest.importorskip("transformers")
+    assert Settings.from_env(tmp_path, {"GPU_CHECK_TINY": "1"}).profile_shape == (64, 2)
+    s = tiny(tmp_path, profile_shape=(64, 2))
+    todo = gpu_check.profile_todo(s)
+    # t5 is the only PROFILE_LAYER mechanism of tiny()'s two; the encoder and BERT, then the t5 encoder
+    assert [(bench, names) for bench, _, names in todo] == [
+        ("layer", ["t5"]), ("model", ["posattn_encoder", "hf_bert"]), ("model", ['["posattn_encoder", ["t5"]]'])]
+    gpu_check.profile_stage(s)
+    records = store.load(PROFILE_RECIPE, s.results, kind="cell")
+    cases = sorted((r["result"]["bench"], r["result"]["case"]) for r in records)
+    assert cases == [("layer", "sdpa"), ("layer", "t5"), ("model", "hf_bert"), ("model", "posattn_encoder"),
+                     ("model", "posattn_encoder(t5)")]
+    for r in records:
+        prof = r["result"]["row"]["profile"]
+        assert prof["clock"] == "cpu self time" and prof["total_ms"] > 0 and prof["kernels"] == []
+        assert 0.99 <= sum(e["share"] for e in prof["ops"]) <= 1.01  # the top entries and "other"
+        assert "--profile" in r["provenance"]["command"]
+    assert gpu_check.profile_todo(s) == []
+
+    measured: list[object] = []
+    monkeypatch.setattr(bench_run, "run", lambda opts, **kw: measured.append(opts) or [])
+    gpu_check.profile_stage(s)
+    assert measured == []  # every setup is in the store
+    text = report(PROFILE_RECIPE, {"bench": "profile"}, s.results, None)
+    assert "one attention block, n 64, batch 2" in text and "whole models, 2 layers" in text
+    assert "t5 [path dense, step" in text and "one training step" in text and "ops: " in text
