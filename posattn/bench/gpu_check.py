@@ -387,7 +387,11 @@ def profile_stage(s: Settings) -> None:
         command += (f" --device {s.device} --dtype {sizes.dtype} -n {n} --batch {sizes.batch} --repeats 1 "
                     f"--warmup 0 --profile {PROFILE_TOP}")
         prov = provenance(command, s.device)
-        if any(r.get("profile") for r in rows):
+        for r in rows:  # a step the profiler could not record is no record: the next window tries again
+            if "error" in r.get("profile", {}):
+                r.setdefault("error", f"profile: {r['profile']['error']}")
+                _log(f"{where}: {r['mechanism']}: {r['error']}")
+        if any(r.get("profile") and "error" not in r for r in rows):
             publish_recipe(PROFILE_RECIPE, "profile", prov, s.results)
         written, kept = publish_rows(PROFILE_RECIPE, bench, rows, sizes, "eager", prov, s.results)
         _log(f"{where}: {written} records written, {kept} already there")

@@ -199,3 +199,17 @@ def test_profile_stage_stores_each_setup_once_and_reports_it(tmp_path: Path, mon
     text = report(PROFILE_RECIPE, {"bench": "profile"}, s.results, None)
     assert "one attention block, n 64, batch 2" in text and "whole models, 2 layers" in text
     assert "t5 [path dense, step" in text and "one training step" in text and "ops: " in text
+
+
+def test_a_step_the_profiler_cannot_record_is_not_stored(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from posattn.bench.store import PROFILE_RECIPE
+
+    def broken(*args: object, **kw: object) -> None:
+        raise RuntimeError("CUPTI unavailable")
+
+    monkeypatch.setattr(bench_run, "step_profile", broken)
+    s = tiny(tmp_path, profile_shape=(64, 2), mechanisms=["t5", "dynamic_conv"])
+    monkeypatch.setattr(gpu_check, "PROFILE_MODELS", [])
+    gpu_check.profile_stage(s)
+    assert store.load(PROFILE_RECIPE, s.results, kind="cell") == []
+    assert [names for _, _, names in gpu_check.profile_todo(s)] == [["t5", "dynamic_conv"]]  # tried again next time
