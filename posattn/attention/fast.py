@@ -56,6 +56,7 @@ import math
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -106,6 +107,9 @@ class Policy:
     fused_max_n: int = 4096  # up to here query/key-relative terms take those kernels at any n ...
     causal_fused_min_n: int = 512  # ... and in a decoder any fusable terms from here on (2 blocks)
     force: Path | None = None  # tests and benchmarks: take this path whenever it applies
+    # query/key-relative terms as a dense bias: one gather, or "skew" (terms.clipped_band: pads and
+    # views, whose backward sums where the gather's scatter-adds into the window's two edge slots)
+    relative_bias: Literal["gather", "skew"] = "gather"
 
 
 CPU_POLICY = Policy()
@@ -140,10 +144,13 @@ def _term_tensors(terms: list[Term]) -> list[Tensor]:
     return [x for t in terms for x in t.tensors()]
 
 
-def _dense_bias(terms: list[Term], n: int) -> Tensor:
+def _dense_bias(terms: list[Term], n: int, policy: Policy = CPU_POLICY) -> Tensor:
     total: Tensor | None = None
     for t in terms:
-        part = t.dense(n) if isinstance(t, Dense) else t.bias(n)  # Dense's field ``bias`` hides the method
+        if isinstance(t, QueryRelative):
+            part = t.bias(n, skew=policy.relative_bias == "skew")
+        else:
+            part = t.dense(n) if isinstance(t, Dense) else t.bias(n)  # Dense's field ``bias`` hides the method
         total = part if total is None else total + part
     assert total is not None
     return total if total.dim() == 4 else total.unsqueeze(0)
@@ -363,7 +370,7 @@ def _dense(q: Tensor, k: Tensor, v: Tensor, low: list[LowRank], rest: list[Term]
     n, d_v = q.shape[-2], v.shape[-1]
     rest, changes = split_transforms(rest)
     if changes:
-        return _transformed(q, k, v, low + rest, changes, keep, causal, scale, p, documents)
+        return _transformed(q, k, v, low + rest, changes, keep, causal, scale, p, policy, documents)
     dense_terms: list[Term] = list(rest)
     cache = not _needs_grad(_term_tensors(low + rest)) and _position_only(low + rest)
     if cache:
@@ -378,9 +385,9 @@ def _dense(q: Tensor, k: Tensor, v: Tensor, low: list[LowRank], rest: list[Term]
     parts = _term_tensors(dense_terms)
     bias: Tensor | None = None
     if cache:
-        bias = POSITION_CACHE.get(n, parts, lambda: _dense_bias(dense_terms, n).to(q.dtype))
+        bias = POSITION_CACHE.get(n, parts, lambda: _dense_bias(dense_terms, n, policy).to(q.dtype))
     elif dense_terms:
-        bias = _dense_bias(dense_terms, n).to(q.dtype)
+        bias = _dense_bias(dense_terms, n, policy).to(q.dtype)
     ok = allowed_mask(n, keep, causal, q.device, documents=documents)
     if ok is not None:
         bias = (torch.zeros(ok.shape, dtype=q.dtype, device=q.device) if bias is None else bias).masked_fill(
@@ -389,13 +396,14 @@ def _dense(q: Tensor, k: Tensor, v: Tensor, low: list[LowRank], rest: list[Term]
 
 
 def _transformed(q: Tensor, k: Tensor, v: Tensor, additive: list[Term], changes: list[Term], keep: Tensor | None,
-                 causal: bool, scale: float, p: float, documents: Tensor | None = None) -> Tensor:
+                 causal: bool, scale: float, p: float, policy: Policy, documents: Tensor | None = None) -> Tensor:
     """Score transforms (:class:`ScoreTransform`) rewrite the scores themselves, so the scores
     are written out: the additive terms as one bias (:meth:`Term.bias`: query-relative terms
     gathered from q·Wᵀ), the transforms, then the masked softmax times v."""
     n = q.shape[-2]
     ok = allowed_mask(n, keep, causal, q.device, documents=documents)
-    s = reference.transformed((q @ k.transpose(-1, -2)) * scale, [_dense_bias(additive, n)] if additive else [],
+    s = reference.transformed((q @ k.transpose(-1, -2)) * scale,
+                              [_dense_bias(additive, n, policy)] if additive else [],
                               changes, ok, torch.arange(n, device=q.device)[None])
     return reference.weighted_values(s, ok, v, p, p > 0)
 

@@ -10,6 +10,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from ..errors import PositionError
@@ -23,6 +24,22 @@ def row_offsets(index: Tensor, n: int) -> Tensor:
 def relative_index(n: int, device: torch.device) -> Tensor:
     """[n, n] index of r = j − i into a table over offsets −(n−1) … n−1 (entry r + n − 1)."""
     return row_offsets(torch.arange(n, device=device), n) + (n - 1)
+
+
+def clipped_band(prod: Tensor, n: int, window: int) -> Tensor:
+    """[..., n, n] with entry (i, j) = prod[..., i, clip(j − i, −w, w) + w], from ``prod``
+    [..., n, 2w + 1], built from a pad, views and the two edge columns times masks, so that its
+    backward only slices and sums. The same tensor as ``prod.gather`` with the clipped index,
+    whose backward instead scatter-adds the n − 2w − 1 clipped offsets of every row into the same
+    two edge slots (atomic adds that serialise on a GPU).
+
+    Skewing: row i of ``prod`` padded with n zeros and read back with rows one element shorter
+    lands at columns i … i + 2w, so columns w … w + n − 1 hold the band |j − i| ≤ w."""
+    width = n + 2 * window
+    skew = F.pad(prod, (0, n)).flatten(-2)[..., :n * width].unflatten(-1, (n, width))
+    r = relative_index(n, prod.device) - (n - 1)  # j − i
+    left, right = (r < -window).to(prod.dtype), (r > window).to(prod.dtype)
+    return skew[..., window:window + n] + prod[..., :1] * left + prod[..., -1:] * right
 
 
 def take_rows(t: Tensor, index: Tensor) -> Tensor:
@@ -209,10 +226,14 @@ class QueryRelative(Term):
     def kernel_input(self) -> tuple[str, Tensor]:
         return "kband" if self.key_side else "qband", self.products()
 
-    def bias(self, n: int) -> Tensor:
+    def bias(self, n: int, skew: bool = False) -> Tensor:
         """[b, h, n, n] gathered from the [b, h, n, 2w+1] products q·W[r]ᵀ, never Shaw's
-        n×n×d tensor."""
+        n×n×d tensor; ``skew``: the same tensor from :func:`clipped_band` (no scatter in its
+        backward)."""
         prod = self.products()
+        if skew:  # key side: t_ij = prod[j, clip(i − j)], the query-side band of prod transposed
+            band = clipped_band(prod, n, self.window)
+            return band.transpose(-1, -2) if self.key_side else band
         r = relative_index(n, self.vec.device) - (n - 1)
         idx = (r.T if self.key_side else r).clamp(-self.window, self.window) + self.window  # [n, n]
         if self.key_side:  # t_ij = prod[j, idx_ij]

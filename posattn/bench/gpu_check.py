@@ -11,10 +11,13 @@ each result as soon as it exists:
 4. ``models``: whole models against Hugging Face (:mod:`.models`) at BERT-base size;
 5. ``profile``: where the time goes (:mod:`.profile`, one profiled training step) in the setups
    whose GPU targets were missed: the layer at n = 4096 and the whole encoder against BERT;
-6. ``throughput``: cells per GPU-hour of the CAT Fig 2 sweep (:mod:`.throughput`): one eager
+6. ``ab``: fast-path alternatives not yet the default on CUDA (:data:`AB_RUNS`), each timed against
+   the default in the same interleaved rounds (``posattn bench --ab``), so that the default follows
+   a measurement;
+7. ``throughput``: cells per GPU-hour of the CAT Fig 2 sweep (:mod:`.throughput`): one eager
    worker against several workers per GPU and the compiled step, on its largest and a middle
    shape;
-7. ``cat``: the next unfinished cells of the CAT figure recipes (``posattn compare``).
+8. ``cat``: the next unfinished cells of the CAT figure recipes (``posattn compare``).
 
 Each stage is a child process killed at the end of its time box (or of the whole deadline), so
 a kill loses at most the run in flight; every measured setup is a results-store record
@@ -50,10 +53,11 @@ from ..runtime.files import check_name, write_bytes_atomic, write_text_atomic
 from .cases import Sizes, spec_label
 from .report import save_json
 
-STAGES = ("tests", "layer_eager", "layer_compiled", "models", "profile", "throughput", "cat")
+STAGES = ("tests", "layer_eager", "layer_compiled", "models", "profile", "ab", "throughput", "cat")
 # the longest each stage may take (seconds), within the whole deadline; "cat" takes what is left
 # (a first window measures; the stages skip what the store holds, so later windows go to the CAT cells)
-BOXES = {"tests": 60, "layer_eager": 100, "layer_compiled": 80, "models": 60, "profile": 75, "throughput": 90}
+BOXES = {"tests": 60, "layer_eager": 90, "layer_compiled": 70, "models": 50, "profile": 70, "ab": 40,
+         "throughput": 85}
 RESERVE = 15  # seconds kept at the end for the archive and the summary
 PUBLISH = 30  # seconds kept after a compare run to copy its finished cells into the store
 # (n, batch), most useful first: the n = 4096 targets, then the shapes of the earlier H100 table
@@ -68,6 +72,13 @@ PROFILE_LAYER = ["t5", "alibi", "tisa", "dynamic_conv", "fixed_conv", "key_dynam
                  "cat"]
 PROFILE_MODELS = [[], ["t5", "dynamic_conv", "composite"], ["alibi", "tisa", "cat"]]  # []: absolute and BERT
 PROFILE_TOP = 10
+# the ab stage: (n, batch, heads, dropout, mechanisms, fast-path Policy overrides of the B arm). The
+# whole encoder trains with attention dropout, which sends score terms to the dense bias; there the
+# query/key-relative terms' gather scatter-adds every clipped offset of a row into the window's two
+# edge slots in its backward, the skewed construction only sums (fast.Policy.relative_bias)
+AB_RUNS: list[tuple[int, int, int, float, list[str], dict[str, Any]]] = [
+    (512, 32, 12, 0.1, ["dynamic_conv", "key_dynamic_conv", "composite"], {"relative_bias": "skew"}),
+]
 RECIPES = ["cat_fair_ar_length", "cat_fair_mqar", "cat_fair_mqnar", "cat_fair_landmark"]
 TESTS = ["tests/core/test_cuda.py", "tests/pretrain/test_cuda.py"]
 THROUGHPUT_RECIPE = "cat_fair_mqar"  # CAT Fig 2
@@ -397,6 +408,55 @@ def profile_stage(s: Settings) -> None:
         _log(f"{where}: {written} records written, {kept} already there")
 
 
+def ab_todo(s: Settings) -> list[tuple[Sizes, list[str], dict[str, Any]]]:
+    """The runs of :data:`AB_RUNS` whose setups (both arms) are not all in the store: (sizes,
+    mechanisms, overrides); tiny: n 32, batch 2 and the tiny heads."""
+    from ..experiments.store import hardware
+    from .cases import CaseSpec
+    from .store import LAYER_RECIPE, missing, setup
+
+    hw = hardware(s.device)
+    out = []
+    for n, batch, heads, dropout, mechs, ab in AB_RUNS:
+        sizes = replace(layer_sizes(s), max_len=n, batch=batch, heads=heads, dropout=dropout)
+        if s.tiny:
+            sizes = replace(sizes, max_len=32, batch=2, heads=layer_sizes(s).heads)
+        mechs = [m for m in mechs if not s.mechanisms or m in s.mechanisms]
+        labels = [CaseSpec("layer", json.dumps([m]), sizes.max_len, arm).label
+                  for m in mechs for arm in ("", json.dumps(ab))]
+        if mechs and missing(LAYER_RECIPE, [setup("layer", label, sizes.max_len, sizes.batch, sizes, "eager", hw)
+                                            for label in labels], s.results):
+            out.append((sizes, mechs, ab))
+    return out
+
+
+def ab_stage(s: Settings, rows_out: Path) -> None:
+    """Each run of :func:`ab_todo`: the mechanisms under the default fast path and under the
+    overrides, in the same interleaved rounds beside plain SDPA, stored as layer records."""
+    import torch
+
+    from ..experiments.store import provenance
+    from .run import BenchOptions, run
+    from .store import LAYER_RECIPE, publish_rows
+
+    for sizes, mechs, ab in ab_todo(s):
+        n = sizes.max_len
+        overrides = " ".join(f"{k}={v}" for k, v in ab.items())
+        where = f"ab n={n} batch={sizes.batch} heads={sizes.heads} dropout={sizes.dropout}"
+        _log(f"{where}: {', '.join(mechs)} against --ab {overrides}")
+        opts = BenchOptions(mechanisms=[[m] for m in mechs], lengths=[n], kinds=("layer",), sizes=sizes,
+                            batches=[sizes.batch], threads=min(16, torch.get_num_threads()), repeats=s.repeats,
+                            warmup=1, memory=False, ab=dict(ab))
+        rows = run(opts, log=_log)
+        command = (f"posattn bench --kinds layer --device {s.device} --dtype {sizes.dtype} -n {n} "
+                   f"--batch {sizes.batch} --heads {sizes.heads} --dropout {sizes.dropout} --repeats {s.repeats} "
+                   f"--no-memory -m {' '.join(mechs)} --ab {overrides}")
+        written, kept = publish_rows(LAYER_RECIPE, "layer", rows, sizes, "eager", provenance(command, s.device),
+                                     s.results)
+        _append_rows(rows_out, rows)
+        _log(f"{where}: {written} records written, {kept} already there")
+
+
 # -- the CAT figure cells -------------------------------------------------------------------------
 def store_counts(recipe: str, root: Path) -> tuple[str, int, int]:
     """(the sweep's name, its cells in the store, its cells in all); one error if the store holds
@@ -496,6 +556,8 @@ class Driver:
                    left=lambda: f"{len(model_todo(s))} model runs left" if model_todo(s) else "every run in the store")
         self.stage("profile", self.me("--stage", "profile"), left=lambda: (
             f"{len(profile_todo(s))} profile runs left" if profile_todo(s) else "every setup in the store"))
+        self.stage("ab", self.me("--stage", "ab"),
+                   left=lambda: f"{len(ab_todo(s))} A/B runs left" if ab_todo(s) else "every setup in the store")
         self.stage("throughput", self.me("--stage", "throughput"), left=lambda: throughput_left(s))
         self.cat()
 
@@ -573,6 +635,8 @@ def command(args: argparse.Namespace) -> None:
         model_stage(s, s.out / "model_bench.json")
     elif args.stage == "profile":
         profile_stage(s)
+    elif args.stage == "ab":
+        ab_stage(s, s.out / "layer_bench.json")
     elif args.stage == "throughput":
         throughput_stage(s, s.out / "throughput.json")
     else:
@@ -585,7 +649,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                        "the results store within one deadline", description=plain(__doc__),
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", required=True, type=Path, help="folder for the archive, logs and summary ($OUT)")
-    p.add_argument("--stage", choices=["layer_eager", "layer_compiled", "models", "profile", "throughput"],
+    p.add_argument("--stage", choices=["layer_eager", "layer_compiled", "models", "profile", "ab", "throughput"],
                    help="run one measuring stage in this process (the driver's children)")
     p.set_defaults(func=command, writes={
         "OUT/summary.txt": "the stages run, their times and what was left",

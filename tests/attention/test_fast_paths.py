@@ -20,7 +20,16 @@ from posattn.attention.fast import Policy, plan, using
 from posattn.attention.flash_bias import antidiag_sum
 from posattn.attention.kernels import flash_fwd
 from posattn.attention.layer import Attention
-from posattn.attention.terms import Dense, LowRank, QueryRelative, Term, Toeplitz, TwoSided, relative_index
+from posattn.attention.terms import (
+    Dense,
+    LowRank,
+    QueryRelative,
+    Term,
+    Toeplitz,
+    TwoSided,
+    clipped_band,
+    relative_index,
+)
 from posattn.mechanisms.conv import METHODS, conv_method, depthwise_conv1d
 from posattn.models import Decoder, Encoder, ModelConfig
 
@@ -372,11 +381,9 @@ def build(spec: Any, causal: bool, path: str) -> torch.nn.Module:
     return m
 
 
-@pytest.mark.parametrize("causal", [False, True], ids=["enc", "dec"])
-@pytest.mark.parametrize("spec", SPECS, ids=spec_id)
-def test_models_on_every_path(spec: Any, causal: bool) -> None:
-    """Hidden states and every parameter's gradient, fast (each applicable path, small chunks,
-    padding) vs reference."""
+def against_reference(spec: Any, causal: bool, policies: dict[str, Policy]) -> set[str]:
+    """Hidden states and every parameter's gradient of the fast model under each policy (padding)
+    against the reference model; returns the paths the policies took."""
     ids = torch.randint(0, 23, (2, N), generator=torch.Generator().manual_seed(2))
     keep = keep_mask(2, N)
     ref = build(spec, causal, "reference")
@@ -384,19 +391,48 @@ def test_models_on_every_path(spec: Any, causal: bool) -> None:
     w = torch.randn(h_ref.shape, dtype=F64, generator=torch.Generator().manual_seed(3)) * keep[..., None]
     g_ref = torch.autograd.grad((h_ref * w).sum(), list(ref.parameters()), allow_unused=True)
     seen = set()
-    for path in ("banded", "flash_bias", "dense"):
+    for what, policy in policies.items():
         m = build(spec, causal, "fast")
-        with planned() as chosen, using(Policy(**SMALL, force=path)):  # type: ignore[arg-type]
+        with planned() as chosen, using(policy):
             h = m.hidden(ids, None, keep)
         seen.update(chosen)
-        assert_close(h * keep[..., None], h_ref * keep[..., None], f"{path}: hidden states")
+        assert_close(h * keep[..., None], h_ref * keep[..., None], f"{what}: hidden states")
         g = torch.autograd.grad((h * w).sum(), list(m.parameters()), allow_unused=True)
         for (name, _), a, b in zip(m.named_parameters(), g, g_ref):
             if b is None:
                 continue
-            assert a is not None, f"{path}: {name} gets no gradient"
-            assert_close(a, b, f"{path}: gradient of {name}")
-    assert seen <= {"sdpa", "dense", "banded", "flash_bias"}
+            assert a is not None, f"{what}: {name} gets no gradient"
+            assert_close(a, b, f"{what}: gradient of {name}")
+    return seen
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["enc", "dec"])
+@pytest.mark.parametrize("spec", SPECS, ids=spec_id)
+def test_models_on_every_path(spec: Any, causal: bool) -> None:
+    """Hidden states and every parameter's gradient, fast (each applicable path, small chunks,
+    padding) vs reference."""
+    policies = {path: Policy(**SMALL, force=path) for path in ("banded", "flash_bias", "dense")}  # type: ignore[arg-type]
+    assert against_reference(spec, causal, policies) <= {"sdpa", "dense", "banded", "flash_bias"}
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["enc", "dec"])
+@pytest.mark.parametrize("spec", ["dynamic_conv", "key_dynamic_conv", "composite", "deberta", "transformer_xl"])
+def test_skewed_relative_bias_equals_the_reference(spec: str, causal: bool) -> None:
+    """The dense bias of query/key-relative terms built by skewing (``relative_bias="skew"``:
+    pads and views, no scatter in the backward) gives the reference's outputs and gradients."""
+    policy = Policy(**SMALL, force="dense", relative_bias="skew")  # type: ignore[arg-type]
+    assert against_reference(spec, causal, {"skew": policy}) == {"dense"}
+
+
+@pytest.mark.parametrize("n,window", [(1, 0), (6, 0), (9, 2), (5, 8), (33, 16)])
+def test_clipped_band_is_the_clipped_gather(n: int, window: int) -> None:
+    prod = rand(2, 3, n, 2 * window + 1)
+    idx = (relative_index(n, prod.device) - (n - 1)).clamp(-window, window) + window
+    gathered = prod.gather(-1, idx.expand(2, 3, n, n))
+    skewed = clipped_band(prod, n, window)
+    assert torch.equal(skewed, gathered)
+    g = rand(2, 3, n, n, grad=False)
+    assert_close(torch.autograd.grad(skewed, prod, g)[0], torch.autograd.grad(gathered, prod, g)[0], "gradient")
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["enc", "dec"])

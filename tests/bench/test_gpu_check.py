@@ -213,3 +213,23 @@ def test_a_step_the_profiler_cannot_record_is_not_stored(tmp_path: Path, monkeyp
     gpu_check.profile_stage(s)
     assert store.load(PROFILE_RECIPE, s.results, kind="cell") == []
     assert [names for _, _, names in gpu_check.profile_todo(s)] == [["t5", "dynamic_conv"]]  # tried again next time
+
+
+def test_ab_stage_times_both_arms_in_one_run_and_stores_each_once(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    s = tiny(tmp_path, mechanisms=["dynamic_conv", "t5"])
+    [(sizes, mechs, ab)] = gpu_check.ab_todo(s)
+    assert (sizes.max_len, sizes.batch, sizes.dropout, mechs, ab) == (32, 2, 0.1, ["dynamic_conv"],
+                                                                      {"relative_bias": "skew"})
+    gpu_check.ab_stage(s, tmp_path / "rows.json")
+    records = {r["result"]["case"]: r["result"] for r in store.load(LAYER_RECIPE, s.results, kind="cell")}
+    assert sorted(records) == ["dynamic_conv", "dynamic_conv [relative_bias=skew]", "sdpa"]
+    for case, res in records.items():
+        assert res["dropout"] == 0.1 and res["row"]["train_ratio"] > 0
+        if case != "sdpa":  # attention dropout in training: the dense bias, where the override applies
+            assert res["row"]["path"].startswith("dense")
+    assert gpu_check.ab_todo(s) == []
+    measured: list[object] = []
+    monkeypatch.setattr(bench_run, "run", lambda opts, **kw: measured.append(opts) or [])
+    gpu_check.ab_stage(s, tmp_path / "rows.json")
+    assert measured == []
