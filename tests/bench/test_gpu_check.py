@@ -218,15 +218,18 @@ def test_a_step_the_profiler_cannot_record_is_not_stored(tmp_path: Path, monkeyp
 def test_ab_stage_times_both_arms_in_one_run_and_stores_each_once(tmp_path: Path,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     s = tiny(tmp_path, mechanisms=["dynamic_conv", "t5"])
-    [(sizes, mechs, ab)] = gpu_check.ab_todo(s)
-    assert (sizes.max_len, sizes.batch, sizes.dropout, mechs, ab) == (32, 2, 0.1, ["dynamic_conv"],
-                                                                      {"relative_bias": "skew"})
+    runs = gpu_check.ab_todo(s)
+    assert [(z.max_len, z.batch, z.dropout, mechs, ab) for z, mechs, ab in runs] == [
+        (32, 2, 0.1, ["dynamic_conv"], {"relative_bias": "skew"}),
+        (32, 2, 0.0, ["dynamic_conv"], {"use_flex": False, "relative_bias": "skew"})]
     gpu_check.ab_stage(s, tmp_path / "rows.json")
-    records = {r["result"]["case"]: r["result"] for r in store.load(LAYER_RECIPE, s.results, kind="cell")}
-    assert sorted(records) == ["dynamic_conv", "dynamic_conv [relative_bias=skew]", "sdpa"]
-    for case, res in records.items():
-        assert res["dropout"] == 0.1 and res["row"]["train_ratio"] > 0
-        if case != "sdpa":  # attention dropout in training: the dense bias, where the override applies
+    records = [r["result"] for r in store.load(LAYER_RECIPE, s.results, kind="cell")]
+    assert sorted((r["case"], r["dropout"]) for r in records) == [
+        ("dynamic_conv", 0.0), ("dynamic_conv", 0.1), ("dynamic_conv [relative_bias=skew]", 0.1),
+        ("dynamic_conv [use_flex=False,relative_bias=skew]", 0.0), ("sdpa", 0.0), ("sdpa", 0.1)]
+    for res in records:
+        assert res["row"]["train_ratio"] > 0
+        if res["dropout"] and res["case"] != "sdpa":  # attention dropout: the dense bias, where skew applies
             assert res["row"]["path"].startswith("dense")
     assert gpu_check.ab_todo(s) == []
     measured: list[object] = []
