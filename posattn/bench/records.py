@@ -99,7 +99,7 @@ def layer_verdicts(records: list[dict[str, Any]]) -> tuple[list[str], list[str]]
             ours.append(f"train ×{r['train_ratio']:.2f} ≤ {goal} at n={LAYER_TARGET_N} batch={r['batch']} (layer): "
                         f"{r['mechanism']}: {verdict(r['train_ratio'] <= goal)}")
     unmeasured = sorted(set(LAYER_TARGETS) - {r["mechanism"] for r in rows if r["n"] == LAYER_TARGET_N})
-    if unmeasured:
+    if unmeasured and any(r["n"] == LAYER_TARGET_N for r in rows):  # a table of other lengths: not its business
         ours.append(f"at n={LAYER_TARGET_N}, no record yet: {', '.join(unmeasured)}")
     return ours, targets(rows, {})
 
@@ -136,7 +136,8 @@ def layer_report(recipe: str, records: list[dict[str, Any]], root: str | Path | 
     for k, (title, group) in enumerate(layer_groups(records), 1):
         ours, bench = layer_verdicts(group)
         lines += [f"## {title}", "", *fenced(layer_table(group)), "Provenance:", *provenance_lines(group), "",
-                  "GPU targets (bf16):", *(f"- {v}" for v in ours), ""]
+                  "GPU targets (bf16):", *(f"- {v}" for v in ours or [f"none of these rows is at n={LAYER_TARGET_N}"]),
+                  ""]
         if bench:
             lines += ["The CPU targets of `posattn bench` (set in fp32) on these rows:",
                       *(f"- {v}" for v in bench), ""]

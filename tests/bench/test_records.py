@@ -52,6 +52,10 @@ def layer_store(tmp_path: Path) -> Path:
     publish_rows(LAYER_RECIPE, "layer", short, GRID, "eager", prov("posattn bench -n 512 (eager)", "2026-11-21"), root)
     compiled = [layer_row("sdpa", 4096, 7.0, 1.0), layer_row("alibi", 4096, 9.1, 1.3)]
     publish_rows(LAYER_RECIPE, "layer", compiled, GRID, "compile default", prov("posattn bench --compile"), root)
+    ab = [layer_row("sdpa", 512, 9.0, 1.0, batch=32), layer_row("dynamic_conv", 512, 30.0, 3.3, batch=32),
+          layer_row("dynamic_conv [relative_bias=skew]", 512, 12.0, 1.3, batch=32)]  # the ab stage's shape
+    publish_rows(LAYER_RECIPE, "layer", ab, Sizes(heads=12, dtype="bfloat16", dropout=0.1), "eager",
+                 prov("posattn bench --ab relative_bias=skew"), root)
     return root
 
 
@@ -73,6 +77,9 @@ def test_layer_report_tables_targets_and_missing_setups(layer_store: Path, capsy
     # posattn bench's grid targets (issue 11) on the n = 512 row: train 1.10 ≤ 1.1, infer 1.04 ≤ 1.05
     assert "train ×1.10 ≤ 1.1 at n=512 batch=16 (layer): alibi: met" in eager
     assert "infer ×1.04 ≤ 1.05 at n=512 batch=16 (layer): alibi: met" in eager
+    ab = section(text, f"{GPU}, bfloat16, eager, batch 32 (12 heads × 64, dropout 0.1)")
+    assert table_line(ab, "dynamic_conv")[1:3] == ["30.0", "3.30"] and "[relative_bias=skew]  12.0" in ab
+    assert "- none of these rows is at n=4096" in ab and "no record yet" not in ab  # not the grid's table
     compiled = section(text, f"{GPU}, bfloat16, compile default, batch 16")
     assert table_line(compiled, "alibi") == ["alibi", "9.1", "1.30", "1.0", "1.00"]
     assert "train ×1.30 ≤ 1.25 at n=4096 batch=16 (layer): alibi: MISSED" in compiled
@@ -100,7 +107,7 @@ def test_report_files_and_recipe_record(layer_store: Path, tmp_path: Path) -> No
     recipe = store.load(LAYER_RECIPE, layer_store, kind="recipe")
     assert [r["result"] for r in recipe] == [{"sweep": "bench", "config": {"bench": "layer"}, "cells_total": None}]
     got, text = build(LAYER_RECIPE, layer_store, out=tmp_path / "out")
-    assert got.counts() == f"{LAYER_RECIPE}: 8 cells present (the recipe's total is not known)"
+    assert got.counts() == f"{LAYER_RECIPE}: 11 cells present (the recipe's total is not known)"
     assert (tmp_path / "out" / "report.md").read_text() == text
     for name in ("layer-1.png", "layer-2.png", "results.json"):
         assert (tmp_path / "out" / name).stat().st_size > 0
