@@ -19,7 +19,10 @@ dropout 0.1 everywhere as in BERT pretraining). Pairs compared in the same run (
 
 Architectural differences that remain (none changes the arithmetic by more than a LayerNorm):
 posattn blocks are pre-LN with a final norm; BERT is post-LN with an embedding LayerNorm and
-adds a token-type embedding.
+adds a token-type embedding. The posattn losses upcast the logits to fp32 (as GPT-NeoX's and
+Llama's loss, and posattn's pretraining objective, do); ``BertForMaskedLM`` takes its
+cross-entropy on the logits in the model's dtype, so in bf16 the posattn encoder also writes its
+logits, and their gradient, in fp32.
 """
 from __future__ import annotations
 
