@@ -9,11 +9,12 @@ from pathlib import Path
 import yaml
 
 from posattn.experiments import store
+from posattn.experiments.config import ConfigError
 from posattn.experiments.executors import add_executor_options, executor_from
 from posattn.experiments.publish import add_run, stored_cells
 from posattn.options import add_compile_option, add_device_option, add_threads_option
 from posattn.runtime.device import resolve_device
-from posattn.synthetic.compare import builtin_configs, load_config, run_sweep, schema_text, validate_config
+from posattn.synthetic.compare import Sweep, builtin_configs, load_config, run_sweep, schema_text, validate_config
 
 DESCRIPTION = """\
 Train position mechanisms side by side on a synthetic recall/copying task, evaluate every
@@ -36,6 +37,9 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser.add_argument("config", nargs="?", default=None,
                         help=f"YAML config file or built-in name ({', '.join(builtin_configs())}); default: default")
     add_sweep_options(parser, "compare")
+    parser.add_argument("--only", nargs="+", metavar="MODEL_OR_ID",
+                        help="train only the cells of these models (their labels, e.g. 'cat (1L)') or with these "
+                             "cell ids, the others waiting for a later run; the report covers every finished cell")
     parser.add_argument("--store", action="store_true",
                         help=f"take the cells in the results store (${store.ROOT_ENV}, else results/) as finished and "
                              f"add each cell this run finishes to it as it finishes")
@@ -71,6 +75,7 @@ def run(args: argparse.Namespace) -> None:
         print(yaml.safe_dump(raw, sort_keys=False), end="")
         return
     sweep = validate_config(raw)
+    only = chosen_cells(sweep, args.only) if args.only else None
     out = args.out or f"runs/compare-{sweep.name}"
     executor = executor_from(args, args.threads, raw.get("executor"), out)
     stored = stored_cells(sweep.name, "compare", sweep.config, f"sweep {sweep.name!r}") if args.store else None
@@ -82,7 +87,7 @@ def run(args: argparse.Namespace) -> None:
             add_run(out, command=command, hardware=hardware)
     try:
         run_sweep(sweep, out, executor, device=args.device, progress=not args.no_progress, report_only=args.report,
-                  compile=args.compile, stored=stored, on_cell=publish)
+                  compile=args.compile, stored=stored, on_cell=publish, only=only)
     finally:   # also when the sweep stops on an error: the cells finished so far are in the store
         if publish is not None and (Path(out) / "config.yaml").exists():
             publish()
@@ -94,6 +99,17 @@ def run(args: argparse.Namespace) -> None:
     print(f"results, report and plots in {out}/")
 
 
+def chosen_cells(sweep: Sweep, only: list[str]) -> set[str]:
+    """The ids of the cells ``--only`` names, by model label or cell id; one ConfigError naming
+    the labels there are when an entry matches no cell."""
+    labels = list(dict.fromkeys(cell.label for cell in sweep.cells))
+    unknown = [x for x in only if x not in labels and x not in {cell.id for cell in sweep.cells}]
+    if unknown:
+        raise ConfigError(f"--only: no model or cell {', '.join(map(repr, unknown))} in sweep {sweep.name!r}; "
+                          f"its models: {', '.join(map(repr, labels))}")
+    return {cell.id for cell in sweep.cells if cell.label in only or cell.id in only}
+
+
 def store_command(args: argparse.Namespace, name: str) -> str:
     """The command that trains a recipe's cells with --store, as its store records give it."""
     command = ["posattn", "compare", args.config or name, "--store"]
@@ -103,4 +119,6 @@ def store_command(args: argparse.Namespace, name: str) -> str:
         command += ["--workers", str(args.workers)]
     if args.compile:
         command += ["--compile", args.compile]
+    if args.only:
+        command += ["--only", *args.only]
     return shlex.join(command)

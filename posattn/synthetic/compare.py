@@ -240,7 +240,8 @@ def recipe(sweep: Sweep, out: Path, device: str = "auto", progress: bool = True,
 
 def run_sweep(sweep: Sweep, out: str | Path, executor: Executor | None = None, device: str = "auto",
               progress: bool = True, report_only: bool = False, compile: str | None = None,
-              stored: dict[str, dict] | None = None, on_cell: Callable[[str, dict], Any] | None = None) -> list[dict]:
+              stored: dict[str, dict] | None = None, on_cell: Callable[[str, dict], Any] | None = None,
+              only: set[str] | None = None) -> list[dict]:
     """Run every cell not yet finished, then write results.json, report.md and the plots into ``out``;
     return the finished cells' results (:func:`posattn.experiments.sweep.run`).
 
@@ -250,7 +251,8 @@ def run_sweep(sweep: Sweep, out: str | Path, executor: Executor | None = None, d
     ConfigError if there are none. ``compile``: a :mod:`posattn.runtime.compile` mode for the
     training steps (the cells' results do not depend on it beyond floating-point rounding).
     ``stored``: results of cells finished elsewhere, by id (the results store): not run again;
-    ``on_cell(id, result)``: called as each cell trained here finishes.
+    ``on_cell(id, result)``: called as each cell trained here finishes. ``only``: the ids of the
+    cells to train now; the others are read back if finished and otherwise left for a later run.
     """
     return sweep_runner.run(recipe(sweep, Path(out), device, progress, compile), out, executor, progress=progress,
-                            report_only=report_only, stored=stored, on_cell=on_cell)
+                            report_only=report_only, stored=stored, on_cell=on_cell, only=only)

@@ -220,3 +220,37 @@ def test_compile_option_reaches_every_cell(tmp_path: Path) -> None:
         want = by_id[cell["id"]]["history"]
         assert [r["valid_accuracy"] for r in cell["history"]] == [r["valid_accuracy"] for r in want]
         assert cell["history"][-1]["loss"] == pytest.approx(want[-1]["loss"], rel=1e-4)
+
+
+def test_only_trains_the_named_models_and_the_rest_later(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                         capsys: pytest.CaptureFixture) -> None:
+    config = tmp_path / "tiny.yaml"
+    config.write_text(yaml.safe_dump(TINY))
+    sweep = validate_config(TINY)
+    labels = {cell.id: cell.label for cell in sweep.cells}
+    assert sorted(set(labels.values())) == ["absolute (1L)", "cat (1L)"]
+    trained: list[str] = []
+    real = compare.train
+    monkeypatch.setattr(compare, "train", lambda model, *a, **k: trained.append(1) or real(model, *a, **k))
+    out = tmp_path / "run"
+    assert cli.main(["compare", str(config), "--out", str(out), "--no-progress", "--only", "cat (1L)"]) == 0
+    done = sorted(p.name for p in (out / "cells").iterdir())
+    assert len(trained) == 4 and done == sorted(i for i, label in labels.items() if label == "cat (1L)")
+    assert "Partial" in (out / "report.md").read_text()
+    first = next(i for i, label in labels.items() if label == "absolute (1L)")
+    assert cli.main(["compare", str(config), "--out", str(out), "--no-progress", "--only", first]) == 0
+    assert len(trained) == 5   # one cell by its id; the finished ones are read back
+    assert cli.main(["compare", str(config), "--out", str(out), "--no-progress"]) == 0
+    assert len(trained) == 8 and "Partial" not in (out / "report.md").read_text()
+    capsys.readouterr()
+    assert cli.main(["compare", str(config), "--out", str(out), "--only", "rope (2L)"]) == 2
+    err = capsys.readouterr().err
+    assert "--only: no model or cell 'rope (2L)' in sweep 'tiny'" in err and "'cat (1L)', 'absolute (1L)'" in err
+
+
+def test_the_store_records_the_only_option_in_the_command() -> None:
+    from posattn.synthetic.cli import store_command
+
+    args = cli.parser().parse_args(["compare", "cat_fair_ar_length", "--only", "cat (1L)", "--workers", "2"])
+    assert store_command(args, "cat_fair_ar_length") == ("posattn compare cat_fair_ar_length --store --workers 2 "
+                                                         "--only 'cat (1L)'")
