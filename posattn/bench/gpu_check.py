@@ -417,7 +417,7 @@ def ab_todo(s: Settings) -> list[tuple[Sizes, list[str], dict[str, Any]]]:
     mechanisms, overrides); tiny: n 32, batch 2 and the tiny heads."""
     from ..experiments.store import hardware
     from .cases import CaseSpec
-    from .store import LAYER_RECIPE, missing, setup
+    from .store import AB_RECIPE, missing, setup
 
     hw = hardware(s.device)
     out = []
@@ -428,20 +428,21 @@ def ab_todo(s: Settings) -> list[tuple[Sizes, list[str], dict[str, Any]]]:
         mechs = [m for m in mechs if not s.mechanisms or m in s.mechanisms]
         labels = [CaseSpec("layer", json.dumps([m]), sizes.max_len, arm).label
                   for m in mechs for arm in ("", json.dumps(ab))]
-        if mechs and missing(LAYER_RECIPE, [setup("layer", label, sizes.max_len, sizes.batch, sizes, "eager", hw)
-                                            for label in labels], s.results):
+        if mechs and missing(AB_RECIPE, [setup("layer", label, sizes.max_len, sizes.batch, sizes, "eager", hw)
+                                         for label in labels], s.results):
             out.append((sizes, mechs, ab))
     return out
 
 
 def ab_stage(s: Settings, rows_out: Path) -> None:
     """Each run of :func:`ab_todo`: the mechanisms under the default fast path and under the
-    overrides, in the same interleaved rounds beside plain SDPA, stored as layer records."""
+    overrides, in the same interleaved rounds beside plain SDPA, stored as layer records of
+    ``gpu_layer_ab`` (both arms of a run together)."""
     import torch
 
     from ..experiments.store import provenance
     from .run import BenchOptions, run
-    from .store import LAYER_RECIPE, publish_rows
+    from .store import AB_RECIPE, publish_rows
 
     for sizes, mechs, ab in ab_todo(s):
         n = sizes.max_len
@@ -455,7 +456,7 @@ def ab_stage(s: Settings, rows_out: Path) -> None:
         command = (f"posattn bench --kinds layer --device {s.device} --dtype {sizes.dtype} -n {n} "
                    f"--batch {sizes.batch} --heads {sizes.heads} --dropout {sizes.dropout} --repeats {s.repeats} "
                    f"--no-memory -m {' '.join(mechs)} --ab {overrides}")
-        written, kept = publish_rows(LAYER_RECIPE, "layer", rows, sizes, "eager", provenance(command, s.device),
+        written, kept = publish_rows(AB_RECIPE, "layer", rows, sizes, "eager", provenance(command, s.device),
                                      s.results)
         _append_rows(rows_out, rows)
         _log(f"{where}: {written} records written, {kept} already there")

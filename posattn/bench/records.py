@@ -1,5 +1,5 @@
-"""``posattn report`` of the GPU benchmark recipes (``gpu_layer_bench``, ``gpu_model_bench``,
-``gpu_profile``, ``gpu_sweep_throughput``): their tables, the profiled steps, the GPU targets
+"""``posattn report`` of the GPU benchmark recipes (``gpu_layer_bench``, ``gpu_layer_ab``,
+``gpu_model_bench``, ``gpu_profile``, ``gpu_sweep_throughput``): their tables, the profiled steps, the GPU targets
 judged, the setups the layer grid still lacks, and a sweep's cells per hour before and after,
 from the results store's records (:mod:`.store`, :mod:`.throughput`).
 
@@ -22,6 +22,7 @@ from ..runtime.files import write_json_atomic
 from .models import HF_MODELS, model_name
 from .report import COLUMNS, MODEL_COLUMNS, SCORE_TERM_GRID_BY_CLASS, by_mechanism, grid_targets, plot, table, targets
 from .spec import BASELINE
+from .store import LAYER_RECIPE
 
 # GPU target, layer at n = 4096 (GPU, bf16): the score terms that add a fixed or tabulated bias
 # (ALiBi, T5, TISA, the relative convolutions) cost at most 1.25× plain SDPA's training step.
@@ -144,7 +145,8 @@ def layer_report(recipe: str, records: list[dict[str, Any]], root: str | Path | 
         if out is not None:
             plot([r["result"]["row"] for r in group], out / f"layer-{k}.png")
             lines += [f"![{title}](layer-{k}.png)", ""]
-    lines += ["## Setups of the grid still missing", "", *layer_missing(records, root)]
+    if recipe == LAYER_RECIPE:  # the grid is the GPU command's layer stages' (an A/B recipe has none)
+        lines += ["## Setups of the grid still missing", "", *layer_missing(records, root)]
     return lines
 
 

@@ -23,7 +23,7 @@ from posattn.bench.gpu_check import (
     throughput_left,
     throughput_stage,
 )
-from posattn.bench.store import LAYER_RECIPE, publish_rows, setup
+from posattn.bench.store import AB_RECIPE, LAYER_RECIPE, publish_rows, setup
 from posattn.errors import PositionError
 from posattn.experiments import store
 
@@ -223,7 +223,8 @@ def test_ab_stage_times_both_arms_in_one_run_and_stores_each_once(tmp_path: Path
         (32, 2, 0.1, ["dynamic_conv"], {"relative_bias": "skew"}),
         (32, 2, 0.0, ["dynamic_conv"], {"use_flex": False, "relative_bias": "skew"})]
     gpu_check.ab_stage(s, tmp_path / "rows.json")
-    records = [r["result"] for r in store.load(LAYER_RECIPE, s.results, kind="cell")]
+    assert store.load(LAYER_RECIPE, s.results, kind="cell") == []   # its own recipe: both arms of a run together
+    records = [r["result"] for r in store.load(AB_RECIPE, s.results, kind="cell")]
     assert sorted((r["case"], r["dropout"]) for r in records) == [
         ("dynamic_conv", 0.0), ("dynamic_conv", 0.1), ("dynamic_conv [relative_bias=skew]", 0.1),
         ("dynamic_conv [use_flex=False,relative_bias=skew]", 0.0), ("sdpa", 0.0), ("sdpa", 0.1)]
@@ -232,6 +233,12 @@ def test_ab_stage_times_both_arms_in_one_run_and_stores_each_once(tmp_path: Path
         if res["dropout"] and res["case"] != "sdpa":  # attention dropout: the dense bias, where skew applies
             assert res["row"]["path"].startswith("dense")
     assert gpu_check.ab_todo(s) == []
+    from posattn.bench.records import report
+
+    text = report(AB_RECIPE, {"bench": "layer"}, s.results, None)
+    table = text.split("dropout 0.1)")[1].split("Provenance")[0]   # both arms of the run in one table
+    assert "\ndynamic_conv " in table and "\ndynamic_conv [relative_bias=skew] " in table
+    assert "Setups of the grid still missing" not in text
     measured: list[object] = []
     monkeypatch.setattr(bench_run, "run", lambda opts, **kw: measured.append(opts) or [])
     gpu_check.ab_stage(s, tmp_path / "rows.json")
