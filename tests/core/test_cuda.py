@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import posattn
+from posattn.attention import fast
 from posattn.mechanisms import REGISTRY
 from posattn.models import Decoder, Encoder, ModelConfig
 
@@ -24,6 +25,33 @@ def outputs_and_grads(model, ids, keep):
 @pytest.mark.parametrize("causal", [False, True], ids=["encoder", "decoder"])
 @pytest.mark.parametrize("name", SINGLE)
 def test_fast_equals_reference_on_cuda(name, causal):
+    check_fast_against_reference(name, causal)
+
+
+@pytest.mark.parametrize("name", ["dynamic_conv", "key_dynamic_conv", "composite", "deberta", "transformer_xl"])
+def test_skewed_relative_bias_equals_reference_on_cuda(name):
+    """The dense bias path with query/key-relative terms built by skewing (the GPU command's A/B
+    arm), instead of FlexAttention."""
+    with fast.using(fast.Policy(**{**fast.policy_for(torch.device("cuda")).__dict__, "use_flex": False,
+                                   "relative_bias": "skew"})):
+        check_fast_against_reference(name, False)
+
+
+def test_profile_ranks_cuda_kernels():
+    from posattn.bench.profile import step_profile
+
+    x = torch.randn(1024, 1024, device="cuda", requires_grad=True)
+
+    def step():
+        (x @ x).sum().backward()
+
+    step()
+    prof = step_profile(step, "cuda", top=3)
+    assert prof["clock"] == "cuda kernels" and prof["total_ms"] > 0 and prof["kernels"]
+    assert prof["ops"][0]["name"] in ("aten::mm", "aten::matmul") and prof["ops"][0]["share"] > 0.5
+
+
+def check_fast_against_reference(name, causal):
     if causal and name in ("segment", "tupe"):
         pytest.skip("encoder mechanism")
     torch.manual_seed(0)
