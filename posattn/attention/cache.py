@@ -34,7 +34,12 @@ class PositionCache:
         self._next = 0
 
     def get(self, n: int, parts: Sequence[Tensor], build: Callable[[], Tensor]) -> Tensor:
-        """The bias for length ``n`` and term tensors ``parts`` (built by ``build`` on a miss)."""
+        """The bias for length ``n`` and term tensors ``parts`` (built by ``build`` on a miss).
+        Inside ``torch.compile`` always built: the content comparison is a host sync that would
+        split a compiled step, and the compiler keeps what does not change from step to step."""
+        if torch.compiler.is_compiling():
+            with torch.no_grad():
+                return build()
         for key, (stored, bias) in self.entries.items():
             if bias.shape[-1] == n and len(stored) == len(parts) and all(
                     s.shape == p.shape and s.dtype == p.dtype and s.device == p.device

@@ -66,7 +66,7 @@ def flex_attend(q: Tensor, k: Tensor, v: Tensor, low: list[LowRank], rest: list[
     query_prods: list[tuple[Tensor, int]] = []
     key_prods: list[tuple[Tensor, int]] = []
     dense: list[Tensor] = []
-    sided: list[Tensor] = []  # [4, b, h, N]: a, x, b, y
+    sided: list[tuple[Tensor, ...]] = []  # a, x, b, y, each [b, h, N]
     for t in rest:
         if isinstance(t, Toeplitz):    # offsets −(n−1)..n−1 sit at the middle of −(N−1)..N−1
             part = pad(t.table, extra, extra).expand(h, 2 * big - 1)
@@ -80,7 +80,11 @@ def flex_attend(q: Tensor, k: Tensor, v: Tensor, low: list[LowRank], rest: list[
             bias = t.bias if t.bias.dim() == 4 else t.bias.unsqueeze(0)
             dense.append(pad(bias, 0, extra, 0, extra).expand(b, h, big, big))
         elif isinstance(t, TwoSided):
-            sided.append(pad(t.stacked(), 0, extra).expand(4, b, h, big))
+            # four tensors that share no storage: FlexAttention's backward refuses to index one
+            # tensor that needs a gradient twice in score_mod (a and b at q, x and y at k); the
+            # copies are [b, h, N] each, no n×n tensor
+            sided.append(tuple(pad(part, 0, extra).expand(b, h, big).clone()
+                               for part in torch.broadcast_tensors(*t.vectors())))
         else:  # low-rank terms arrive in ``low``, folded above
             raise refused("flex", t)
 
@@ -94,9 +98,8 @@ def flex_attend(q: Tensor, k: Tensor, v: Tensor, low: list[LowRank], rest: list[
             score = score + prod[bi, hi, ki, torch.clamp(-r, -w, w) + w]
         for bias in dense:
             score = score + bias[bi, hi, qi, ki]
-        for s in sided:
-            score = score + torch.where(ki <= qi, s[0, bi, hi, qi] + s[1, bi, hi, ki],
-                                        s[2, bi, hi, qi] + s[3, bi, hi, ki])
+        for a, x, b_, y in sided:
+            score = score + torch.where(ki <= qi, a[bi, hi, qi] + x[bi, hi, ki], b_[bi, hi, qi] + y[bi, hi, ki])
         return score
 
     block_mask = None

@@ -49,8 +49,12 @@ def take_rows(t: Tensor, index: Tensor) -> Tensor:
 
 
 def batch_free(t: Tensor) -> bool:
-    """True when every batch row of t is the same, so one batch row serves the batch."""
-    return t.shape[0] == 1 or t.stride(0) == 0 or bool(torch.equal(t, t[:1].expand_as(t)))
+    """True when every batch row of t is the same, so one batch row serves the batch. Inside
+    ``torch.compile`` only what the shape and strides show: comparing the rows is a host sync
+    that would split a compiled step (False is always safe: the term is then taken per row)."""
+    if t.shape[0] == 1 or t.stride(0) == 0:
+        return True
+    return not torch.compiler.is_compiling() and bool(torch.equal(t, t[:1].expand_as(t)))
 
 
 class Term:

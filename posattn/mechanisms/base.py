@@ -271,8 +271,13 @@ def check_layer(mechanisms: list[Mechanism]) -> None:
                                     f"matrix to add it to; drop one of them")
 
 
-def max_len_check(mech: Mechanism, top: int, limit: int) -> None:
-    """Shared check for non-inductive mechanisms: ``top`` positions needed, ``limit`` learned."""
+def max_len_check(mech: Mechanism, positions: Tensor, limit: int) -> None:
+    """Shared check for non-inductive mechanisms: ``positions.max() + 1`` positions needed,
+    ``limit`` learned. Skipped inside ``torch.compile``, as the model's token-id range check: the
+    maximum is a host sync that would split a compiled step in two."""
+    if torch.compiler.is_compiling() or not positions.numel():
+        return
+    top = int(positions.max()) + 1
     if top > limit:
         raise mech.fail(
             f"needs {top} positions but it was built with "

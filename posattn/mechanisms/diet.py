@@ -56,7 +56,7 @@ class DietAbs(Mechanism):
         return options.get("sharing", "none") == "layer"
 
     def check(self, ctx: Context) -> None:
-        max_len_check(self, int(ctx.positions.max()) + 1, self.p_q.shape[1])
+        max_len_check(self, ctx.positions, self.p_q.shape[1])
 
     def start_at_zero(self) -> bool:
         """P_K = 0: the term P_Q P_Kᵀ is zero while P_K's gradient (through P_Q) is not."""

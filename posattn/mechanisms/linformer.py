@@ -79,7 +79,7 @@ class Linformer(Mechanism):
         return options.get("sharing", "none") == "layer"
 
     def check(self, ctx: Context) -> None:
-        max_len_check(self, int(ctx.positions.max()) + 1, self.dims.max_len)
+        max_len_check(self, ctx.positions, self.dims.max_len)
 
     def project(self, t: Tensor, proj: Tensor, ctx: Context) -> Tensor:
         """(E T) per head: [b, h, k, d] from T [b, h, n, d] and the columns at the position ids;

@@ -33,7 +33,11 @@ def tisa_function(r: Tensor, a: Tensor, b: Tensor, c: Tensor) -> Tensor:
 def tisa_window(r: Tensor, b: Tensor, c: Tensor) -> int | None:
     """The largest |r| at which some Gaussian exp(−|b|(r − c)²) is not exactly 0 in floating
     point, or None if none underflows. Beyond it f_θ and all its gradients are exactly 0, so the
-    table is clipped there (a ``window`` the fast path exploits)."""
+    table is clipped there (a ``window`` the fast path exploits). Inside ``torch.compile`` None:
+    the window is a shape read from the parameters, a host sync that would split a compiled step,
+    and the unclipped table holds the same values."""
+    if torch.compiler.is_compiling():
+        return None
     with torch.no_grad():
         d = r.to(b.dtype)[None, None, :] - c[..., None]
         live = (torch.exp(-b.abs()[..., None] * d * d) != 0).flatten(0, 1).any(0)

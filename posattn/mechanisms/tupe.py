@@ -59,7 +59,7 @@ class TUPE(Mechanism):
         self.relative = T5Bias(dims, shared, bidirectional=not dims.causal) if relative_bias else None
 
     def check(self, ctx: Context) -> None:
-        max_len_check(self, int(ctx.positions.max()) + 1, self.positions.num_embeddings)
+        max_len_check(self, ctx.positions, self.positions.num_embeddings)
 
     incremental = "rows"  # the q/k/v transform is a per-row rescaling
 

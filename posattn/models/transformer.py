@@ -144,10 +144,13 @@ class Transformer(nn.Module):
                 raise PositionError(f"attention_mask has shape {tuple(attention_mask.shape)}, "
                                     f"expected {(b, n)}")
             keep = attention_mask.bool()
-            keep = None if bool(keep.all()) else keep
+            # a mask with nothing hidden is dropped (a faster path); inside torch.compile that
+            # test is a host sync that would split the step, and a full mask is kept instead
+            keep = None if not torch.compiler.is_compiling() and bool(keep.all()) else keep
         if segment_ids is None:
             segment_ids = torch.zeros_like(input_ids)
-        elif segment_ids.shape != (b, n) or segment_ids.dtype != torch.long or int(segment_ids.min()) < 0:
+        elif (segment_ids.shape != (b, n) or segment_ids.dtype != torch.long
+              or (not torch.compiler.is_compiling() and int(segment_ids.min()) < 0)):
             raise PositionError(f"segment_ids must be a non-negative LongTensor of shape {(b, n)}")
         documents = None if document_ids is None else validated_documents(document_ids, input_ids.shape)
         if positions is None and documents is not None:
@@ -156,7 +159,7 @@ class Transformer(nn.Module):
             positions = torch.arange(n, device=input_ids.device).expand(b, n)
         elif positions.shape != (b, n):
             raise PositionError(f"positions has shape {tuple(positions.shape)}, expected {(b, n)}")
-        elif positions.dtype != torch.long or int(positions.min()) < 0:
+        elif positions.dtype != torch.long or (not torch.compiler.is_compiling() and int(positions.min()) < 0):
             raise PositionError("positions must be a non-negative LongTensor of position ids")
         ctx = Context(positions=positions, segments=segment_ids, keep=keep, causal=self.causal, documents=documents)
         for m in self.mechanisms():

@@ -63,7 +63,12 @@ class TrainResult:
 
 def masked_loss(model: nn.Module, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """Cross-entropy over the scored positions only (``labels != IGNORE``), whose logits alone
-    the model computes (``model(inputs, scored=keep)``)."""
+    the model computes (``model(inputs, scored=keep)``). Inside ``torch.compile`` the scored rows'
+    count, a shape that depends on the data, would split the step at a host sync: there every
+    position's logits are computed and the others ignored (``ignore_index``), the same mean."""
+    if torch.compiler.is_compiling():
+        logits = model(inputs).float()
+        return nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=IGNORE)
     keep = labels != IGNORE
     return nn.functional.cross_entropy(model(inputs, scored=keep).float(), labels[keep])
 

@@ -7,7 +7,7 @@ import copy
 
 import pytest
 import torch
-from core.helpers import NAMES, dims, model, run, tokens
+from core.helpers import NAMES, dims, model, run, segments_for, tokens
 
 from posattn.errors import PositionError
 from posattn.mechanisms import runs_in_decoder
@@ -38,6 +38,42 @@ def test_compiled_step_equals_eager_for_every_mechanism(name):
             assert q.grad is None, key
         else:
             torch.testing.assert_close(q.grad, p.grad, rtol=1e-4, atol=1e-6, msg=key)
+
+
+# shapes that follow the data inside the mechanism itself: Landmark CAT's blocks
+SPLITS_THE_GRAPH = {"landmark_cat"}
+
+
+@pytest.mark.parametrize("name", sorted(set(NAMES) - SPLITS_THE_GRAPH))
+def test_training_step_is_one_graph(name):
+    """No host sync splits a compiled step (CUDA graphs need one graph): the synthetic tasks'
+    masked loss in a decoder, and an encoder's forward with segments, a padding mask and
+    positions, each captured whole (``fullgraph``) and equal to eager."""
+    from synthetic.test_train import data
+
+    from posattn.synthetic.train import masked_loss
+
+    torch._dynamo.reset()
+    if runs_in_decoder(name, dims(causal=True)):
+        from synthetic.test_train import tiny
+
+        m, d = tiny(name, 1), data(n=8)
+        torch.testing.assert_close(torch.compile(masked_loss, backend="eager", fullgraph=True)(m, d.inputs, d.labels),
+                                   masked_loss(m, d.inputs, d.labels), rtol=1e-5, atol=1e-6)
+    enc = model(name, causal=False, dtype=torch.float32, path="fast").train()
+    ids = tokens(2, 12)
+    mask = torch.ones_like(ids, dtype=torch.bool)
+    mask[1, -3:] = False
+    seg, pos = segments_for(ids), torch.arange(12).expand(2, 12)
+
+    def forward(ids, seg, mask, pos):
+        return run(enc, ids, mask, seg, pos).float().square().mean()
+
+    torch.manual_seed(0)
+    a = forward(ids, seg, mask, pos)
+    torch.manual_seed(0)
+    b = torch.compile(forward, backend="eager", fullgraph=True)(ids, seg, mask, pos)
+    torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6)
 
 
 def test_synthetic_training_compiled_with_inductor_trains_eager_weights():
