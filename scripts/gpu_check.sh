@@ -12,7 +12,7 @@
 # model_bench.json, throughput.json. Settings (environment): GPU_CHECK_SECONDS (default 480), GPU_CHECK_DEVICE
 # (cuda), GPU_CHECK_WORKERS (compare workers, 12), GPU_CHECK_REPEATS (3), GPU_CHECK_COMPILE_MODE
 # (default), GPU_CHECK_COMPILE_GROUP (2) and GPU_CHECK_EAGER_GROUP (12) (mechanisms per run),
-# GPU_CHECK_BOXES ("tests=60 layer_eager=90 layer_compiled=70 models=50 profile=70 ab=40 throughput=85"),
+# GPU_CHECK_BOXES ("tests=60 layer_eager=80 layer_compiled=60 models=50 profile=50 ab=40 throughput=40"),
 # GPU_CHECK_SHAPES ("4096x16 512x16 ..."), GPU_CHECK_MECHANISMS, GPU_CHECK_RECIPES, GPU_CHECK_TINY=1
 # (tiny sizes: the whole command on a CPU in a minute or two); see posattn/bench/gpu_check.py.
 set -u

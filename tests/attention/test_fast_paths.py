@@ -435,6 +435,17 @@ def test_clipped_band_is_the_clipped_gather(n: int, window: int) -> None:
     assert_close(torch.autograd.grad(skewed, prod, g)[0], torch.autograd.grad(gathered, prod, g)[0], "gradient")
 
 
+@pytest.mark.parametrize("n", [1, 2, 7, 40])
+def test_toeplitz_bias_from_views_is_the_indexed_table(n: int) -> None:
+    """The fast path's Toeplitz bias (unfolded windows of the table, no scatter in its backward)
+    equals the reference's indexed table, gradient included."""
+    t = Toeplitz(rand(3, 2 * n - 1))
+    fast, ref = t.bias(n), t.dense(n)
+    assert fast.shape == ref.shape == (1, 3, n, n) and torch.equal(fast, ref)
+    g = rand(1, 3, n, n, grad=False)
+    assert_close(torch.autograd.grad(fast, t.table, g)[0], torch.autograd.grad(ref, t.table, g)[0], "gradient")
+
+
 @pytest.mark.parametrize("causal", [False, True], ids=["enc", "dec"])
 def test_narrow_tisa_is_clipped_and_exact(causal: bool) -> None:
     """TISA kernels that underflow to exactly 0 beyond a window declare it; the banded path
