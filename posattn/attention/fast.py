@@ -110,6 +110,9 @@ class Policy:
     # query/key-relative terms as a dense bias: one gather, or "skew" (terms.clipped_band: pads and
     # views, whose backward sums where the gather's scatter-adds into the window's two edge slots)
     relative_bias: Literal["gather", "skew"] = "gather"
+    # off the CPU: the short depthwise convolutions (CAT, conv_qkv, depthwise_conv) through
+    # torch.compile (mechanisms.conv.conv_compiled) instead of eager shift-and-add
+    compiled_conv: bool = False
 
 
 CPU_POLICY = Policy()

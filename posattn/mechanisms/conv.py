@@ -10,7 +10,11 @@ Four exact algorithms, picked by kernel length and input (:func:`conv_method`; C
 (:mod:`posattn.attention.native`), one vectorised pass in [b, n, C] (``native``); otherwise
 shift-and-add in [b, n, C] for the shortest kernels (no transposes), grouped ``Conv1d`` for short
 and medium ones; FFT for long filters in any case (O(n log n) instead of O(n·K); equal to the
-direct sum up to floating-point rounding).
+direct sum up to floating-point rounding). Off the CPU, with the fast-path policy's
+``compiled_conv``, the shift-and-add runs through ``torch.compile`` (``compiled``): its K
+multiply-adds, the padding and their backward each become one fused kernel, where eager runs
+about a dozen memory-bound kernels per filtered tensor (CAT's encoder on an H100 spent a third of
+its step in them).
 
 In a packed row (``documents``) x is also 0 outside token t's own document: each document is
 convolved as if it ran alone. The tokens are placed apart with enough zero slots between
@@ -30,7 +34,7 @@ from ..attention import native
 from ..errors import PositionError
 from .documents import DocumentSlots
 
-Method = Literal["shift", "conv1d", "fft", "native"]
+Method = Literal["shift", "conv1d", "fft", "native", "compiled"]
 SHIFT_MAX = 4  # kernels up to this length: shift-and-add
 FFT_MIN = 112  # kernels from this length: FFT
 
@@ -41,7 +45,15 @@ def conv_method(k: int, x: Tensor | None = None) -> Method:
         return "fft"
     if x is not None and _native_ok(x):
         return "native"
+    if k <= SHIFT_MAX and x is not None and _compiled_ok(x):
+        return "compiled"
     return "shift" if k <= SHIFT_MAX else "conv1d"
+
+
+def _compiled_ok(x: Tensor) -> bool:
+    from ..attention.fast import policy_for  # the attention package imports the mechanisms' modules
+
+    return x.device.type != "cpu" and policy_for(x.device).compiled_conv and not torch.compiler.is_compiling()
 
 
 def _native_ok(x: Tensor) -> bool:
@@ -135,8 +147,25 @@ def conv_fft(x: Tensor, w: Tensor, left: int) -> Tensor:
     return torch.fft.irfft(spec, size, dim=1)[:, start:start + n]
 
 
+_COMPILED: dict[str, Callable[[Tensor, Tensor, int], Tensor]] = {}
+
+
+def conv_compiled(x: Tensor, w: Tensor, left: int) -> Tensor:
+    """:func:`conv_shift` through ``torch.compile`` (one kernel forward, fused backward; one
+    compiled graph per shape, as FlexAttention's). Inside a compiled step the shift-and-add
+    itself: the step's compiler fuses it there."""
+    if torch.compiler.is_compiling():
+        return conv_shift(x, w, left)
+    if "shift" not in _COMPILED:
+        from ..runtime.compile import raise_recompile_limits
+
+        raise_recompile_limits()
+        _COMPILED["shift"] = torch.compile(conv_shift, dynamic=False)
+    return _COMPILED["shift"](x, w, left)
+
+
 METHODS: dict[str, Callable[[Tensor, Tensor, int], Tensor]] = {
-    "shift": conv_shift, "conv1d": conv_direct, "fft": conv_fft, "native": conv_native}
+    "shift": conv_shift, "conv1d": conv_direct, "fft": conv_fft, "native": conv_native, "compiled": conv_compiled}
 
 
 def depthwise_conv1d(x: Tensor, weight: Tensor, causal: bool, keep: Tensor | None = None,

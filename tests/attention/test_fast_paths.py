@@ -539,7 +539,8 @@ def test_conv_methods_agree(k: int) -> None:
         left = k - 1 if causal else (k - 1) // 2
         # reference: PyTorch's own grouped convolution and its autograd backward
         ref = F.conv1d(F.pad(x.transpose(1, 2), (left, k - 1 - left)), w.unsqueeze(1), groups=6).transpose(1, 2)
-        outs = {name: f(x, w, left) for name, f in METHODS.items() if name != "native"}  # float32: test_native
+        # native: float32 (test_native); compiled: an inductor build per shape (its own test below)
+        outs = {name: f(x, w, left) for name, f in METHODS.items() if name not in ("native", "compiled")}
         g = torch.randn_like(ref)
         g_ref = torch.autograd.grad(ref, [x, w], g)
         for name, o in outs.items():
@@ -551,6 +552,26 @@ def test_conv_methods_agree(k: int) -> None:
     assert conv_method(k) == ("shift" if k <= 4 else "fft" if k >= 112 else "conv1d")
     y = depthwise_conv1d(x, w[0], True, torch.ones(2, 150, dtype=torch.bool))
     assert y.shape == x.shape
+
+
+@pytest.mark.parametrize("k,causal", [(3, False), (4, True)])
+def test_compiled_conv_equals_shift_and_add(k: int, causal: bool) -> None:
+    """The compiled shift-and-add (``Policy.compiled_conv`` off the CPU) against PyTorch's grouped
+    convolution, outputs and both gradients, here compiled for the CPU; chosen only off the CPU
+    and only when the policy asks."""
+    x, w = rand(2, 40, 6), rand(6, k)
+    left = k - 1 if causal else (k - 1) // 2
+    ref = F.conv1d(F.pad(x.transpose(1, 2), (left, k - 1 - left)), w.unsqueeze(1), groups=6).transpose(1, 2)
+    out = METHODS["compiled"](x, w, left)
+    assert_close(out, ref, "compiled output")
+    g = torch.randn_like(ref)
+    for a, b in zip(torch.autograd.grad(out, [x, w], g), torch.autograd.grad(ref, [x, w], g)):
+        assert_close(a, b, "compiled gradient")
+    assert conv_method(k, x) != "compiled"
+    meta = torch.empty(2, 40, 6, device="meta")
+    with using(Policy(compiled_conv=True)):
+        assert conv_method(k, meta) == "compiled" and conv_method(k, x) != "compiled"
+    assert conv_method(k, meta) == "shift"
 
 
 def test_attention_module_uses_policy_override() -> None:

@@ -37,6 +37,15 @@ def test_skewed_relative_bias_equals_reference_on_cuda(name):
         check_fast_against_reference(name, False)
 
 
+@pytest.mark.parametrize("name", ["cat", "depthwise_conv", "conv_qkv"])
+@pytest.mark.parametrize("causal", [False, True], ids=["encoder", "decoder"])
+def test_compiled_convolutions_equal_reference_on_cuda(name, causal):
+    """The short depthwise convolutions through torch.compile (``Policy.compiled_conv``, the GPU
+    command's A/B arm)."""
+    with fast.using(fast.Policy(**{**fast.policy_for(torch.device("cuda")).__dict__, "compiled_conv": True})):
+        check_fast_against_reference(name, causal)
+
+
 def test_profile_ranks_cuda_kernels():
     from posattn.bench.profile import step_profile
 
