@@ -62,6 +62,7 @@ STAGES = ("tests", "layer_eager", "layer_compiled", "models", "profile", "ab", "
 BOXES = {"tests": 60, "layer_eager": 70, "layer_compiled": 50, "models": 50, "profile": 45, "ab": 40,
          "throughput": 30}
 TEST_WORKERS = 8
+EAGER = "eager"  # GPU_CHECK_CAT_COMPILE's value for no torch.compile
 RESERVE = 15  # seconds kept at the end for the archive and the summary
 PUBLISH = 30  # seconds kept after a compare run to copy its finished cells into the store
 # (n, batch), most useful first: the n = 4096 targets, then the shapes of the earlier H100 table
@@ -155,10 +156,10 @@ class Settings:
             if "GPU_CHECK_RECIPES" in env:
                 s.recipes = env["GPU_CHECK_RECIPES"].replace(",", " ").split()
             s.workers = int(get("GPU_CHECK_WORKERS", s.workers))
-            cat_compile = get("GPU_CHECK_CAT_COMPILE", "none" if s.tiny else s.cat_compile)
-            if cat_compile not in (None, "", "none", *COMPILE_MODES):
-                raise ValueError(f"GPU_CHECK_CAT_COMPILE must be none or one of {', '.join(COMPILE_MODES)}")
-            s.cat_compile = None if cat_compile in (None, "", "none") else cat_compile
+            cat_compile = get("GPU_CHECK_CAT_COMPILE", EAGER if s.tiny else s.cat_compile)
+            if cat_compile not in (None, "", EAGER, *COMPILE_MODES):
+                raise ValueError(f"GPU_CHECK_CAT_COMPILE must be {EAGER} or one of {', '.join(COMPILE_MODES)}")
+            s.cat_compile = None if cat_compile in (None, "", EAGER) else cat_compile
             s.repeats = int(get("GPU_CHECK_REPEATS", 1 if s.tiny else s.repeats))
             s.compile_mode = get("GPU_CHECK_COMPILE_MODE", "dynamo" if s.tiny else s.compile_mode)
             s.compile_group = int(get("GPU_CHECK_COMPILE_GROUP", s.compile_group))
