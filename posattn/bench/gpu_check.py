@@ -290,14 +290,15 @@ def model_sizes(s: Settings) -> Sizes:
     return replace(sizes, dropout=0.1, device=s.device)
 
 
-def model_todo(s: Settings) -> list[list[str]]:
-    """The model runs whose records are not all in the store yet."""
+def model_todo(s: Settings, hw: str | None = None) -> list[list[str]]:
+    """The model runs whose records are not all in the store yet (on ``hw``, by default this
+    machine's accelerator)."""
     from ..experiments.store import hardware
     from .cases import CaseSpec
     from .models import DEFAULT_MECHANISMS
     from .store import MODEL_RECIPE, missing, setup
 
-    sizes, hw = model_sizes(s), hardware(s.device)
+    sizes, hw = model_sizes(s), hw or hardware(s.device)
     n = sizes.max_len
     references = {m for ms in DEFAULT_MECHANISMS.values() for m in ms}  # measured in the reference runs
     mechs = [m for m in (s.mechanisms or MODEL_MECHANISMS) if m not in references]

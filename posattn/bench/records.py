@@ -22,7 +22,7 @@ from ..runtime.files import write_json_atomic
 from .models import HF_MODELS, model_name
 from .report import COLUMNS, MODEL_COLUMNS, SCORE_TERM_GRID_BY_CLASS, by_mechanism, grid_targets, plot, table, targets
 from .spec import BASELINE
-from .store import LAYER_RECIPE
+from .store import LAYER_RECIPE, MODEL_RECIPE
 
 # GPU target, layer at n = 4096 (GPU, bf16): the score terms that add a fixed or tabulated bias
 # (ALiBi, T5, TISA, the relative convolutions) cost at most 1.25× plain SDPA's training step.
@@ -191,8 +191,26 @@ def model_verdicts(rows: list[dict[str, Any]]) -> list[str]:
     return out
 
 
-def model_report(recipe: str, records: list[dict[str, Any]], out: Path | None) -> list[str]:
-    """Per run its table, provenance and targets; with ``out``, one plot of every model."""
+def model_missing(records: list[dict[str, Any]], root: str | Path | None) -> list[str]:
+    """Per hardware of the records, the GPU command's model runs with a record missing (a run is
+    measured whole: its reference is timed again beside the missing ones)."""
+    from .cases import CaseSpec
+    from .gpu_check import Settings, model_todo
+
+    s = Settings(out=Path("."), results=store.results_root(root))
+    lines = []
+    for hw in sorted({r["result"]["hardware"] for r in records}):
+        todo = model_todo(s, hw)
+        if todo:
+            runs = ("; ".join(", ".join(CaseSpec("model", name, 0).label for name in group) for group in todo))
+            lines.append(f"- {hw}: {len(todo)} run(s): {runs}")
+    return lines
+
+
+def model_report(recipe: str, records: list[dict[str, Any]], out: Path | None,
+                 root: str | Path | None = None) -> list[str]:
+    """Per run its table, provenance and targets; with ``out``, one plot of every model; then the
+    GPU command's runs still missing."""
     lines = [f"# {recipe}: whole models against Hugging Face and against posattn absolute", "",
              ("Per run: step time, training tokens/s, inference and peak memory; speed ÷ BERT/Llama is the Hugging "
               "Face model's step time ÷ posattn's (> 1: posattn faster), step ÷ posattn absolute a score-term "
@@ -210,6 +228,11 @@ def model_report(recipe: str, records: list[dict[str, Any]], out: Path | None) -
     if out is not None and records:
         plot([r["result"]["row"] for r in records], out / "models.png")
         lines += ["![tokens/s and peak memory of every model](models.png)", ""]
+    missing = model_missing(records, root) if recipe == MODEL_RECIPE else []
+    if missing:
+        lines += ["## Runs still missing", "",
+                  "The GPU command's `models` stage measures these next (records removed when a default they "
+                  "depended on changed come back here):", "", *missing, ""]
     return lines
 
 
@@ -296,7 +319,7 @@ def report(recipe: str, config: dict[str, Any], root: str | Path | None, out: Pa
     if bench == "layer":
         lines = layer_report(recipe, records, root, out)
     elif bench == "model":
-        lines = model_report(recipe, records, out)
+        lines = model_report(recipe, records, out, root)
     elif bench == "throughput":
         lines = throughput_report(recipe, records)
     elif bench == "profile":

@@ -156,6 +156,9 @@ def test_model_report_judges_each_run_on_its_own_ratios(model_store: Path) -> No
     assert "posattn_encoder(t5) step ÷ posattn absolute = 1.09 ≤ 1.1 at n=512 batch=32: met" in terms
     assert "its stored record comes from another run" in terms   # the reference's record is run 3's
     assert "hf_" not in terms
+    missing = text.split("## Runs still missing")[1]   # the GPU command's runs with a record missing
+    assert "posattn_encoder(tisa)" in missing and "posattn_encoder(dynamic_conv)" in missing
+    assert "hf_bert" not in missing and "hf_llama" not in missing   # both reference runs are whole
 
 
 def test_the_bench_to_store_path_renders_what_it_measured(tmp_path: Path) -> None:
