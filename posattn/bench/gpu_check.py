@@ -53,6 +53,7 @@ from ..runtime.compile import COMPILE_MODES
 from ..runtime.files import check_name, write_bytes_atomic, write_text_atomic
 from .cases import Sizes, spec_label
 from .report import save_json
+from .throughput import EAGER  # GPU_CHECK_CAT_COMPILE's name for no torch.compile, as --compile-modes'
 
 STAGES = ("tests", "layer_eager", "layer_compiled", "models", "profile", "ab", "throughput", "cat")
 # the longest each stage may take (seconds), within the whole deadline; "cat" takes what is left
@@ -62,7 +63,6 @@ STAGES = ("tests", "layer_eager", "layer_compiled", "models", "profile", "ab", "
 BOXES = {"tests": 60, "layer_eager": 70, "layer_compiled": 50, "models": 50, "profile": 45, "ab": 40,
          "throughput": 30}
 TEST_WORKERS = 8
-EAGER = "eager"  # GPU_CHECK_CAT_COMPILE's value for no torch.compile
 RESERVE = 15  # seconds kept at the end for the archive and the summary
 PUBLISH = 30  # seconds kept after a compare run to copy its finished cells into the store
 # (n, batch), most useful first: the n = 4096 targets, then the shapes of the earlier H100 table

@@ -207,8 +207,8 @@ def model_missing(records: list[dict[str, Any]], root: str | Path | None) -> lis
     return lines
 
 
-def model_report(recipe: str, records: list[dict[str, Any]], out: Path | None,
-                 root: str | Path | None = None) -> list[str]:
+def model_report(recipe: str, records: list[dict[str, Any]], root: str | Path | None,
+                 out: Path | None) -> list[str]:
     """Per run its table, provenance and targets; with ``out``, one plot of every model; then the
     GPU command's runs still missing."""
     lines = [f"# {recipe}: whole models against Hugging Face and against posattn absolute", "",
@@ -319,7 +319,7 @@ def report(recipe: str, config: dict[str, Any], root: str | Path | None, out: Pa
     if bench == "layer":
         lines = layer_report(recipe, records, root, out)
     elif bench == "model":
-        lines = model_report(recipe, records, out, root)
+        lines = model_report(recipe, records, root, out)
     elif bench == "throughput":
         lines = throughput_report(recipe, records)
     elif bench == "profile":

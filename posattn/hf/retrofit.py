@@ -59,6 +59,7 @@ from ..analysis.tisa_fit import TisaFit, fit_tisa
 from ..attention.layer import PATHS, mix
 from ..errors import PositionError
 from ..mechanisms import REGISTRY, Context, Dims, Mechanism, Spec, SpecLike, build, get
+from ..mechanisms.base import check_inputs
 from .modeling import shared_parameters
 
 Mode = Literal["supplement", "replace"]
@@ -93,8 +94,7 @@ def posattn_attention(module: nn.Module, query: Tensor, key: Tensor, value: Tens
     if scaling is not None and abs(scaling * d ** 0.5 - 1) > 1e-6:
         raise PositionError(f"posattn attention assumes the 1/√d_h score scale; this model uses {scaling}")
     ctx = _context(b, n, _keep(attention_mask), query.device)
-    for m in mechs:
-        m.check(ctx)
+    check_inputs(mechs, ctx)
     q, k, v = query, key, value
     for m in mechs:
         q, k, v = m.transform_qkv(q, k, v, ctx)
@@ -111,8 +111,7 @@ def _add_position_bias(module: nn.Module, args: tuple, kwargs: dict) -> tuple[tu
     b, n, _ = hidden.shape
     h = module.num_attention_heads
     ctx = _context(b, n, None, hidden.device)
-    for m in mechs:
-        m.check(ctx)
+    check_inputs(mechs, ctx)
     q = module.q(hidden).view(b, n, h, -1).transpose(1, 2)
     k = module.k(hidden).view(b, n, h, -1).transpose(1, 2)
     extra = sum(t.dense(n) for m in mechs for t in m.score_terms(q, k, ctx))

@@ -28,7 +28,7 @@ longer inputs (:meth:`Mechanism.length_scaled`) and how it starts inside a pretr
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
@@ -271,12 +271,19 @@ def check_layer(mechanisms: list[Mechanism]) -> None:
                                     f"matrix to add it to; drop one of them")
 
 
+def check_inputs(mechanisms: Iterable[Mechanism], ctx: Context) -> None:
+    """Every mechanism's :meth:`Mechanism.check` of ``ctx``. Left out inside ``torch.compile``, as
+    the model's token-id range check: the checks read values, host syncs that would split a
+    compiled step in two."""
+    if torch.compiler.is_compiling():
+        return
+    for m in mechanisms:
+        m.check(ctx)
+
+
 def max_len_check(mech: Mechanism, positions: Tensor, limit: int) -> None:
     """Shared check for non-inductive mechanisms: ``positions.max() + 1`` positions needed,
-    ``limit`` learned. Skipped inside ``torch.compile``, as the model's token-id range check: the
-    maximum is a host sync that would split a compiled step in two."""
-    if torch.compiler.is_compiling() or not positions.numel():
-        return
+    ``limit`` learned."""
     top = int(positions.max()) + 1
     if top > limit:
         raise mech.fail(

@@ -53,7 +53,7 @@ def conv_method(k: int, x: Tensor | None = None) -> Method:
 def _compiled_ok(x: Tensor) -> bool:
     from ..attention.fast import policy_for  # the attention package imports the mechanisms' modules
 
-    return x.device.type != "cpu" and policy_for(x.device).compiled_conv and not torch.compiler.is_compiling()
+    return x.device.type != "cpu" and policy_for(x.device).compiled_conv  # conv_compiled: eager inside a compiled step
 
 
 def _native_ok(x: Tensor) -> bool:

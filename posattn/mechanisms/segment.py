@@ -61,8 +61,6 @@ class Segment(Mechanism):
         return True
 
     def check(self, ctx: Context) -> None:
-        if torch.compiler.is_compiling():  # a host sync, as the model's token-id range check
-            return
         if ctx.segments.numel() and int(ctx.segments.max()) >= self.dims.n_segments:
             raise self.fail(f"segment id {int(ctx.segments.max())} but the model has "
                             f"n_segments = {self.dims.n_segments}")

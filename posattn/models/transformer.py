@@ -26,7 +26,7 @@ from ..attention.layer import Attention
 from ..attention.terms import take_rows
 from ..errors import PositionError
 from ..mechanisms import Context, Dims, Mechanism, build
-from ..mechanisms.base import document_positions
+from ..mechanisms.base import check_inputs, document_positions
 from .config import ModelConfig
 
 
@@ -133,7 +133,10 @@ class Transformer(nn.Module):
         b, n = input_ids.shape
         if n == 0:
             raise PositionError("input_ids has length 0")
-        if not torch.compiler.is_compiling():  # a host sync: it would split a compiled step in two
+        # the checks that read values are host syncs, which would split a compiled step in two:
+        # inside torch.compile they are left out
+        syncs = not torch.compiler.is_compiling()
+        if syncs:
             lo, hi = int(input_ids.min()), int(input_ids.max())
             if lo < 0 or hi >= self.cfg.vocab_size:
                 raise PositionError(f"token id {hi if hi >= self.cfg.vocab_size else lo} outside the "
@@ -144,13 +147,11 @@ class Transformer(nn.Module):
                 raise PositionError(f"attention_mask has shape {tuple(attention_mask.shape)}, "
                                     f"expected {(b, n)}")
             keep = attention_mask.bool()
-            # a mask with nothing hidden is dropped (a faster path); inside torch.compile that
-            # test is a host sync that would split the step, and a full mask is kept instead
-            keep = None if not torch.compiler.is_compiling() and bool(keep.all()) else keep
+            keep = None if syncs and bool(keep.all()) else keep  # nothing hidden: the faster paths
         if segment_ids is None:
             segment_ids = torch.zeros_like(input_ids)
         elif (segment_ids.shape != (b, n) or segment_ids.dtype != torch.long
-              or (not torch.compiler.is_compiling() and int(segment_ids.min()) < 0)):
+              or (syncs and int(segment_ids.min()) < 0)):
             raise PositionError(f"segment_ids must be a non-negative LongTensor of shape {(b, n)}")
         documents = None if document_ids is None else validated_documents(document_ids, input_ids.shape)
         if positions is None and documents is not None:
@@ -159,11 +160,10 @@ class Transformer(nn.Module):
             positions = torch.arange(n, device=input_ids.device).expand(b, n)
         elif positions.shape != (b, n):
             raise PositionError(f"positions has shape {tuple(positions.shape)}, expected {(b, n)}")
-        elif positions.dtype != torch.long or (not torch.compiler.is_compiling() and int(positions.min()) < 0):
+        elif positions.dtype != torch.long or (syncs and int(positions.min()) < 0):
             raise PositionError("positions must be a non-negative LongTensor of position ids")
         ctx = Context(positions=positions, segments=segment_ids, keep=keep, causal=self.causal, documents=documents)
-        for m in self.mechanisms():
-            m.check(ctx)
+        check_inputs(self.mechanisms(), ctx)
         return ctx
 
     def embed(self, input_ids: Tensor, ctx: Context) -> Tensor:
@@ -241,8 +241,7 @@ class Decoder(Transformer):
         ctx = self.context(input_ids, None, None, torch.arange(start, start + m, device=input_ids.device).expand(b, m))
         every = torch.arange(start + m, device=input_ids.device).expand(b, start + m)
         ctx_all = Context(positions=every, segments=torch.zeros_like(every), keep=None, causal=True)
-        for mech in self.mechanisms():
-            mech.check(ctx_all)
+        check_inputs(self.mechanisms(), ctx_all)
         x = self.embed(input_ids, ctx)
         for layer, block in enumerate(self.blocks):
             x = block(x, ctx, Step(ctx_all, cache, layer))

@@ -14,9 +14,10 @@ dynamic after its second shape (``dynamic=None``), so a run compiles at most twi
 Inside a compiled step the fused C++ CPU kernels stand aside (dynamo cannot trace an extension;
 the compiler fuses the torch paths instead), and every host sync is left out so that the step is
 one graph (CUDA graphs replay one graph; ``tests/runtime/test_compile.py`` captures each
-mechanism's step with ``fullgraph=True``): the range checks of token ids, segments and learned
-positions, the inference cache's content comparison, the test whether a padding mask hides
-anything or a term is the same for every batch row, TISA's clipping window, and the synthetic
+mechanism's step with ``fullgraph=True``): the range checks of token ids, segments and positions
+and every mechanism's input check (``mechanisms.base.check_inputs``), the inference cache's
+content comparison, the test whether a padding mask hides anything or a term is the same for
+every batch row, TISA's clipping window, and the synthetic
 tasks' scored rows (their loss takes every position's logits with ``ignore_index``, cheap at
 their vocabularies). Two places still split the graph: Landmark CAT's blocks, and masked-LM
 pretraining, which keeps computing the vocabulary product at the ~15% scored positions only

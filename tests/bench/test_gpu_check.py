@@ -86,7 +86,7 @@ def test_compiled_runs_put_the_target_mechanisms_at_n_4096_first() -> None:
 def test_settings_refuse_bad_values(tmp_path: Path) -> None:
     assert Settings.from_env(tmp_path, {"GPU_CHECK_SHAPES": "4096x16 128x64"}).shapes == [(4096, 16), (128, 64)]
     assert Settings.from_env(tmp_path, {}).cat_compile == "reduce-overhead"
-    assert Settings.from_env(tmp_path, {"GPU_CHECK_CAT_COMPILE": "eager"}).cat_compile is None
+    assert Settings.from_env(tmp_path, {"GPU_CHECK_CAT_COMPILE": "none"}).cat_compile is None
     for env in ({"GPU_CHECK_BOXES": "layers=10"}, {"GPU_CHECK_SECONDS": "ten"}, {"GPU_CHECK_WORKERS": "0"},
                 {"GPU_CHECK_EAGER_GROUP": "0"}, {"GPU_CHECK_SHAPES": "4096"}, {"GPU_CHECK_CAT_COMPILE": "fast"}):
         with pytest.raises(PositionError, match="gpu check"):
