@@ -447,6 +447,32 @@ def test_toeplitz_bias_from_views_is_the_indexed_table(n: int) -> None:
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["enc", "dec"])
+@pytest.mark.parametrize("name", posattn.names())
+def test_dense_bias_reaches_sdpa_unit_stride(name: str, causal: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every float bias the dense path hands to SDPA is unit-stride in its last dim: CUDA's fused
+    kernels refuse any other and SDPA falls back to its fp32 math kernel (T5's table is an
+    embedding's transpose, whose unfolded windows had stride h: a T5 encoder ran at 2.2× absolute)."""
+    try:
+        m = build(name, causal, "fast")
+    except posattn.PositionError:
+        pytest.skip(f"{name} has no {'decoder' if causal else 'encoder'}")
+    strides = []
+    real = F.scaled_dot_product_attention
+
+    def spy(*a: Any, attn_mask: torch.Tensor | None = None, **kw: Any) -> torch.Tensor:
+        if attn_mask is not None and attn_mask.is_floating_point():
+            strides.append(attn_mask.stride(-1))
+        return real(*a, attn_mask=attn_mask, **kw)
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", spy)
+    ids = torch.randint(0, 23, (2, N), generator=torch.Generator().manual_seed(2))
+    with using(Policy(force="dense", relative_bias="skew")):
+        m.hidden(ids, None, keep_mask(2, N))
+        m.hidden(ids)
+    assert all(s == 1 for s in strides), strides
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["enc", "dec"])
 def test_narrow_tisa_is_clipped_and_exact(causal: bool) -> None:
     """TISA kernels that underflow to exactly 0 beyond a window declare it; the banded path
     then equals the reference, gradients of a, b, c included."""
