@@ -93,6 +93,14 @@ def test_settings_refuse_bad_values(tmp_path: Path) -> None:
             Settings.from_env(tmp_path, env)
 
 
+def test_default_boxes_leave_the_cat_stage_its_minutes(tmp_path: Path) -> None:
+    """Every box spent, the default deadline still leaves the CAT cells CAT_SECONDS: a compare
+    start-up, a minute of training and the publishing of what finished."""
+    s = Settings.from_env(tmp_path, {})
+    left = s.seconds - sum(s.boxes.values()) - gpu_check.RESERVE
+    assert left >= gpu_check.CAT_SECONDS >= gpu_check.PUBLISH + 70 + 60
+
+
 def test_a_stage_is_killed_at_its_box_and_the_archive_holds_new_files(tmp_path: Path) -> None:
     s = tiny(tmp_path, seconds=120.0)
     (s.results / "old").mkdir(parents=True)
