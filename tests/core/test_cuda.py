@@ -46,6 +46,41 @@ def test_compiled_convolutions_equal_reference_on_cuda(name, causal):
         check_fast_against_reference(name, causal)
 
 
+@pytest.mark.parametrize("name", ["t5", "alibi"])
+def test_compiled_flex_step_is_one_graph_on_cuda(name, monkeypatch):
+    """CAT Fig 2's attention baselines on their CUDA path (FlexAttention) in a whole training step
+    through torch.compile, as ``compare --compile`` runs them: one graph (``fullgraph``), eager's
+    loss and gradients, and no unfused FlexAttention call, in the step or in the eager evaluation
+    after it (the GPU command's CAT stage logged "flex_attention called without torch.compile")."""
+    import copy
+    import warnings
+
+    from synthetic.test_train import data, tiny
+
+    from posattn.synthetic.train import evaluate, masked_loss
+
+    torch._dynamo.reset()
+    eager = tiny(name, 2).cuda().train()
+    comp = copy.deepcopy(eager)
+    d = data(n=16)
+    inputs, labels = d.inputs.cuda(), d.labels.cuda()
+    paths, real_plan = [], fast.plan
+    monkeypatch.setattr(fast, "plan", lambda *a, **kw: paths.append(real_plan(*a, **kw)) or paths[-1])
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        a = masked_loss(eager, inputs, labels)
+        a.backward()
+        monkeypatch.setattr(fast, "plan", real_plan)
+        assert set(paths) == {"flex"}, paths
+        b = torch.compile(masked_loss, fullgraph=True)(comp, inputs, labels)
+        b.backward()
+        evaluate(comp, data("test", 64))
+    torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5)
+    for (key, p), q in zip(eager.named_parameters(), comp.parameters()):
+        torch.testing.assert_close(q.grad, p.grad, rtol=1e-3, atol=1e-5, msg=key)
+    assert not [w for w in seen if "without torch.compile" in str(w.message)], [str(w.message) for w in seen]
+
+
 def test_profile_ranks_cuda_kernels():
     from posattn.bench.profile import step_profile
 
