@@ -218,13 +218,37 @@ def summarize(cell: Any, setting: Setting, steps: int, reports: list[dict[str, A
     # a cell's seconds per worker: its configured steps at the worker's rate, plus its evaluations
     cell_s = [cfg_steps / rate + evals * r["eval_s"] for rate, r in zip(rates, reports)]
     eval_share = sum(evals * r["eval_s"] / s for r, s in zip(reports, cell_s)) / len(reports)
-    return {"cell": cell.id, "label": cell.label, "train_length": cell.train_length, "d_model": cell.d_model,
-            "layers": cell.layers, "batch_size": cell.training["batch_size"], "workers": setting.workers,
-            "mode": setting.mode, "steps": steps, "cell_steps": cfg_steps,
-            "steps_per_s": sum(rates) / len(rates), "aggregate_steps_per_s": aggregate,
-            "cells_per_hour": aggregate * 3600 / cfg_steps,
-            "eval_share": eval_share, "cells_per_hour_with_eval": (1 - eval_share) * aggregate * 3600 / cfg_steps,
-            "warmup_s": max(r["warmup_s"] for r in reports)}
+    row = {"cell": cell.id, "label": cell.label, "train_length": cell.train_length, "d_model": cell.d_model,
+           "layers": cell.layers, "batch_size": cell.training["batch_size"], "workers": setting.workers,
+           "mode": setting.mode, "steps": steps, "cell_steps": cfg_steps,
+           "steps_per_s": sum(rates) / len(rates), "aggregate_steps_per_s": aggregate,
+           "cells_per_hour": aggregate * 3600 / cfg_steps,
+           "eval_share": eval_share, "cells_per_hour_with_eval": (1 - eval_share) * aggregate * 3600 / cfg_steps,
+           "warmup_s": max(r["warmup_s"] for r in reports)}
+    row["cells_per_hour_started"] = cells_per_hour_started(row)
+    return row
+
+
+def cells_per_hour_started(row: dict[str, Any], steps: int | None = None) -> float:
+    """Cells per hour of a setting's row when every cell also pays its start-up (``warmup_s``:
+    the model built and, compiled, the step compiled) and its validation passes (at their
+    measured share): workers × 3600 ÷ (``steps``, by default the cell's budget, at a worker's
+    rate, plus evaluation, plus start-up). A cell that stops early pays the same start-up for
+    fewer steps, so the compiled step's start-up weighs more there."""
+    steps = row["cell_steps"] if steps is None else steps
+    seconds = steps / row["steps_per_s"] / (1.0 - row["eval_share"]) + row["warmup_s"]
+    return row["workers"] * 3600.0 / seconds
+
+
+def break_even_steps(a: dict[str, Any], b: dict[str, Any]) -> float | None:
+    """The steps per cell at which settings ``a`` and ``b`` train as many cells per hour, start-up
+    counted (:func:`cells_per_hour_started`); None when one of them wins at every length."""
+    ra, rb = (r["steps_per_s"] * (1.0 - r["eval_share"]) for r in (a, b))
+    slope = a["workers"] / rb - b["workers"] / ra        # a's cells/h against b's: seconds per step
+    if slope == 0:
+        return None
+    steps = (b["workers"] * a["warmup_s"] - a["workers"] * b["warmup_s"]) / slope
+    return steps if steps > 0 else None
 
 
 def measure(cell: Any, setting: Setting, steps: int, warmup: int, device: str, threads: int,
@@ -338,7 +362,8 @@ COLUMNS = [("label", "cell", "{}"), ("train_length", "n", "{}"), ("d_model", "d"
            ("workers", "workers", "{}"), ("mode", "mode", "{}"), ("steps_per_s", "steps/s/proc", "{:.1f}"),
            ("aggregate_steps_per_s", "steps/s all", "{:.1f}"), ("cells_per_hour", "cells/h", "{:.1f}"),
            ("vs_baseline", "× baseline", "{:.2f}"), ("eval_share", "eval share", "{:.0%}"),
-           ("cells_per_hour_with_eval", "cells/h +eval", "{:.1f}"), ("warmup_s", "warm-up s", "{:.1f}")]
+           ("cells_per_hour_with_eval", "cells/h +eval", "{:.1f}"), ("warmup_s", "warm-up s", "{:.1f}"),
+           ("cells_per_hour_started", "cells/h +eval +start", "{:.1f}")]
 
 
 def table(rows: list[dict[str, Any]]) -> str:
