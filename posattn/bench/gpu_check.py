@@ -125,7 +125,9 @@ class Settings:
     mechanisms: list[str] = field(default_factory=list)  # [] = every registered one
     recipes: list[str] = field(default_factory=lambda: list(RECIPES))
     # the CAT stage's compare: the best setting the throughput stage measured on an H100 (Fig 2's
-    # largest cell: 4 workers with CUDA graphs 258 cells/h, 4 eager 153, 1 eager 72)
+    # largest cell: 4 workers with CUDA graphs 258 cells/h, 187 with each cell's start-up counted,
+    # against 8 eager workers' 173 and 166, 1 eager 72; the compiled loss then still computed
+    # every position's logits, since cut to the scored rows)
     workers: int = 4
     cat_compile: str | None = "reduce-overhead"
     repeats: int = 3

@@ -86,15 +86,23 @@ def validated_documents(document_ids: Tensor, shape: torch.Size) -> Tensor | Non
     return None if bool((document_ids == document_ids[:, :1]).all()) else document_ids
 
 
-def scored_rows(scored: Tensor, shape: torch.Size) -> tuple[Tensor, Tensor]:
+def scored_rows(scored: Tensor, shape: torch.Size, most: int | None = None) -> tuple[Tensor, Tensor]:
     """The positions of the True entries of ``scored`` (bool [b, n]) as rows [b, m] in ascending
     order, m the most in one batch row (shorter rows padded with unscored positions), and which
-    entries are real, ``valid`` [b, m]: ``x_rows[valid]`` is ``x[scored]``."""
+    entries are real, ``valid`` [b, m]: ``x_rows[valid]`` is ``x[scored]``. ``most``: m itself,
+    a bound known before the data (no host sync: a compiled step's shapes stay static)."""
     if scored.shape != shape or scored.dtype != torch.bool:
         raise PositionError(f"scored must be a bool tensor of the inputs' shape {tuple(shape)}, got "
                             f"{scored.dtype} of shape {tuple(scored.shape)}")
     counts = scored.sum(1)
-    m = int(counts.max()) if scored.numel() else 0
+    if most is None:
+        m = int(counts.max()) if scored.numel() else 0
+    elif not 0 <= most <= shape[1]:
+        raise PositionError(f"scored_max must be between 0 and the length {shape[1]}, got {most}")
+    else:
+        m = most
+        if not torch.compiler.is_compiling() and scored.numel() and int(counts.max()) > m:
+            raise PositionError(f"scored_max={m}, but a row scores {int(counts.max())} positions")
     rows = torch.sort((~scored).to(torch.uint8), dim=1, stable=True).indices[:, :m]
     return rows, torch.arange(m, device=scored.device) < counts[:, None]
 
@@ -174,18 +182,22 @@ class Transformer(nn.Module):
 
     def hidden(self, input_ids: Tensor, segment_ids: Tensor | None = None,
                attention_mask: Tensor | None = None, positions: Tensor | None = None,
-               scored: Tensor | None = None, document_ids: Tensor | None = None) -> Tensor:
+               scored: Tensor | None = None, document_ids: Tensor | None = None,
+               scored_max: int | None = None) -> Tensor:
         """Final hidden states [b, n, d_model]; with ``scored`` (bool [b, n]) only those rows,
         [k, d_model], as ``hidden(...)[scored]``: the last block computes only the rows it
-        returns (a loss that reads 1 of 128 positions pays for one query row there).
+        returns (a loss that reads 1 of 128 positions pays for one query row there). With
+        ``scored_max`` too, a bound on any row's scored positions known before the data, they
+        come as [b, scored_max, d_model]: each row's scored positions in order, then unscored ones
+        as padding (:func:`scored_rows`; static shapes for a compiled step, no host sync).
         ``document_ids`` ([b, n] long): packed rows (the module docstring)."""
         ctx = self.context(input_ids, segment_ids, attention_mask, positions, document_ids)
         x = self.embed(input_ids, ctx)
-        rows, valid = (None, None) if scored is None else scored_rows(scored, input_ids.shape)
+        rows, valid = (None, None) if scored is None else scored_rows(scored, input_ids.shape, scored_max)
         for i, block in enumerate(self.blocks):
             x = block(x, ctx, rows=rows if i == len(self.blocks) - 1 else None)
         x = self.norm(x)
-        return x if rows is None else x[valid]
+        return x if rows is None or scored_max is not None else x[valid]
 
     @torch.no_grad()
     def score_matrices(self, input_ids: Tensor, segment_ids: Tensor | None = None,
@@ -220,11 +232,13 @@ class Decoder(Transformer):
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None,
                 positions: Tensor | None = None, scored: Tensor | None = None,
-                document_ids: Tensor | None = None) -> Tensor:
+                document_ids: Tensor | None = None, scored_max: int | None = None) -> Tensor:
         """Logits [b, n, vocab]; with ``scored`` (bool [b, n]) only those rows, [k, vocab], as
         ``logits[scored]`` but without the vocabulary product, or the last layer's work, at the
-        other positions (:meth:`hidden`); ``document_ids``: packed rows (the module docstring)."""
-        return self.logits(self.hidden(input_ids, None, attention_mask, positions, scored, document_ids))
+        other positions (:meth:`hidden`; ``scored_max``: [b, scored_max, vocab], padded rows
+        included); ``document_ids``: packed rows (the module docstring)."""
+        return self.logits(self.hidden(input_ids, None, attention_mask, positions, scored, document_ids,
+                                       scored_max))
 
     def decode(self, input_ids: Tensor, cache: Cache) -> Tensor:
         """Logits [b, m, vocab] of ``input_ids`` [b, m] continuing the prefix held in ``cache``

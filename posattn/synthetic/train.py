@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from posattn import schedule
+from posattn.models.transformer import scored_rows
 from posattn.runtime.compile import compiled
 from posattn.runtime.device import resolve_device
 from posattn.runtime.loop import LoopState, Plan, run_loop
@@ -61,16 +62,30 @@ class TrainResult:
     seconds: float = 0.0
 
 
-def masked_loss(model: nn.Module, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+def masked_loss(model: nn.Module, inputs: torch.Tensor, labels: torch.Tensor,
+                scored_max: int | None = None) -> torch.Tensor:
     """Cross-entropy over the scored positions only (``labels != IGNORE``), whose logits alone
     the model computes (``model(inputs, scored=keep)``). Inside ``torch.compile`` the scored rows'
-    count, a shape that depends on the data, would split the step at a host sync: there every
-    position's logits are computed and the others ignored (``ignore_index``), the same mean."""
-    if torch.compiler.is_compiling():
-        logits = model(inputs).float()
-        return nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=IGNORE)
+    count, a shape that depends on the data, would split the step at a host sync: there the
+    model computes ``scored_max`` rows per example (a bound on any example's scored positions,
+    known before training: ``model(inputs, scored=keep, scored_max=...)``, padded with unscored
+    rows), or without that bound every position's logits, the unscored ones ignored
+    (``ignore_index``) either way: the same mean."""
     keep = labels != IGNORE
+    if torch.compiler.is_compiling():
+        if scored_max is None:
+            logits, labels = model(inputs), labels
+        else:
+            logits = model(inputs, scored=keep, scored_max=scored_max)
+            labels = labels.gather(1, scored_rows(keep, labels.shape, scored_max)[0])
+        return nn.functional.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), ignore_index=IGNORE)
     return nn.functional.cross_entropy(model(inputs, scored=keep).float(), labels[keep])
+
+
+def scored_bound(data: TaskData) -> int:
+    """The most scored positions of any one example of ``data``: :func:`masked_loss`'s
+    ``scored_max`` for a compiled step (one host sync per run, none per step)."""
+    return int((data.labels != IGNORE).sum(1).max()) if len(data) else 0
 
 
 @torch.no_grad()
@@ -103,18 +118,20 @@ def train(model: nn.Module, data: TaskData, cfg: TrainConfig, *, valid: TaskData
     at each evaluation and an existing one is resumed from; the folder is locked meanwhile
     (:func:`~posattn.runtime.lock.run_lock`). Seed the model's initialisation yourself
     (``torch.manual_seed``) before building it. ``compile``: a :mod:`posattn.runtime.compile` mode
-    for the training step's forward and backward (evaluation stays eager). The loop is
+    for the training step's forward and backward (evaluation stays eager); the model then also
+    takes ``scored_max`` (:func:`masked_loss`). The loop is
     :func:`posattn.runtime.loop.run_loop`.
     """
     device = resolve_device(device)
     model.to(device)
     optimizer = adamw(model, cfg.lr, cfg.weight_decay)
     loss_of = compiled(masked_loss, compile)
+    scored_max = scored_bound(data) if compile else None
 
     def step_fn(step: int, backward: Callable[[torch.Tensor], None]) -> tuple[float, dict[str, float]]:
         idx = batch_indices(len(data), cfg.batch_size, step, cfg.seed)
         inputs, labels = data.inputs[idx].to(device), data.labels[idx].to(device)
-        loss = loss_of(model, inputs, labels)
+        loss = loss_of(model, inputs, labels, scored_max)
         backward(loss)
         return loss.item(), {}
 

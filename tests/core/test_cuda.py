@@ -57,7 +57,7 @@ def test_compiled_flex_step_is_one_graph_on_cuda(name, monkeypatch):
 
     from synthetic.test_train import data, tiny
 
-    from posattn.synthetic.train import evaluate, masked_loss
+    from posattn.synthetic.train import evaluate, masked_loss, scored_bound
 
     torch._dynamo.reset()
     eager = tiny(name, 2).cuda().train()
@@ -72,7 +72,7 @@ def test_compiled_flex_step_is_one_graph_on_cuda(name, monkeypatch):
         a.backward()
         monkeypatch.setattr(fast, "plan", real_plan)
         assert set(paths) == {"flex"}, paths
-        b = torch.compile(masked_loss, fullgraph=True)(comp, inputs, labels)
+        b = torch.compile(masked_loss, fullgraph=True)(comp, inputs, labels, scored_bound(d))
         b.backward()
         evaluate(comp, data("test", 64))
     torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5)

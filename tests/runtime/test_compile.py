@@ -51,15 +51,17 @@ def test_training_step_is_one_graph(name):
     positions, each captured whole (``fullgraph``) and equal to eager."""
     from synthetic.test_train import data
 
-    from posattn.synthetic.train import masked_loss
+    from posattn.synthetic.train import masked_loss, scored_bound
 
     torch._dynamo.reset()
     if runs_in_decoder(name, dims(causal=True)):
         from synthetic.test_train import tiny
 
         m, d = tiny(name, 1), data(n=8)
-        torch.testing.assert_close(torch.compile(masked_loss, backend="eager", fullgraph=True)(m, d.inputs, d.labels),
-                                   masked_loss(m, d.inputs, d.labels), rtol=1e-5, atol=1e-6)
+        step = torch.compile(masked_loss, backend="eager", fullgraph=True)
+        for most in (None, scored_bound(d)):  # every position's logits; the scored rows, a static count
+            torch.testing.assert_close(step(m, d.inputs, d.labels, most), masked_loss(m, d.inputs, d.labels),
+                                       rtol=1e-5, atol=1e-6)
     enc = model(name, causal=False, dtype=torch.float32, path="fast").train()
     ids = tokens(2, 12)
     mask = torch.ones_like(ids, dtype=torch.bool)
@@ -74,6 +76,36 @@ def test_training_step_is_one_graph(name):
     torch.manual_seed(0)
     b = torch.compile(forward, backend="eager", fullgraph=True)(ids, seg, mask, pos)
     torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6)
+
+
+def test_compiled_loss_at_a_static_count_of_scored_rows_equals_eager():
+    """The compiled step's synthetic loss at ``scored_max`` rows per example (rows that score
+    fewer padded with unscored ones, ignored) gives eager's loss and gradients; a bound below an
+    example's count, or beyond the length, is one clear error."""
+    from synthetic.test_train import data, tiny
+
+    from posattn.synthetic.generators import IGNORE, TaskData
+    from posattn.synthetic.train import masked_loss, scored_bound
+
+    torch._dynamo.reset()
+    d = data(n=4)
+    labels = d.labels.clone()
+    labels[1, (labels[1] != IGNORE).nonzero().flatten()[::2]] = IGNORE  # example 1 scores fewer than the others
+    eager, comp = tiny("rope", 2), tiny("rope", 2)
+    a = masked_loss(eager, d.inputs, labels)
+    a.backward()
+    most = scored_bound(TaskData(d.inputs, labels))
+    assert most == int((d.labels[0] != IGNORE).sum()) > int((labels[1] != IGNORE).sum())
+    b = torch.compile(masked_loss, backend="eager", fullgraph=True)(comp, d.inputs, labels, most)
+    b.backward()
+    torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6)
+    for (key, p), q in zip(eager.named_parameters(), comp.parameters()):
+        torch.testing.assert_close(q.grad, p.grad, rtol=1e-4, atol=1e-6, msg=key)
+    keep = labels != IGNORE
+    with pytest.raises(PositionError, match="scored_max=1, but a row scores"):
+        eager(d.inputs, scored=keep, scored_max=1)
+    with pytest.raises(PositionError, match="scored_max must be between 0 and the length"):
+        eager(d.inputs, scored=keep, scored_max=d.inputs.shape[1] + 1)
 
 
 def test_synthetic_training_compiled_with_inductor_trains_eager_weights():
