@@ -298,8 +298,10 @@ def throughput_report(recipe: str, records: list[dict[str, Any]]) -> list[str]:
              ("Cells per hour = aggregate training steps/s × 3600 ÷ the cell's configured steps (its full budget); "
               "× baseline is a setting's cells per hour ÷ one eager worker's, timed in the same run; cells/h +eval "
               "also counts the cell's validation passes at their measured share, and cells/h +eval +start each "
-              "cell's start-up too (its warm-up: the model built and, compiled, the step compiled). A cell that "
-              "stops early pays the same start-up for fewer steps."), ""]
+              "cell's start-up too (its warm-up in a fresh worker: the model built and, compiled, the step compiled; "
+              "`compare`'s workers keep a compiled step for their next cell of the same shape, so a sweep pays the "
+              "compilation once per worker and shape, and this column is the bound for its first cells). A cell "
+              "that stops early pays the same start-up for fewer steps."), ""]
     for title, group in throughput_groups(records):
         rows = [{**r["result"]["row"], "cells_per_hour_started": cells_per_hour_started(r["result"]["row"])}
                 for r in group]

@@ -234,7 +234,10 @@ def cells_per_hour_started(row: dict[str, Any], steps: int | None = None) -> flo
     the model built and, compiled, the step compiled) and its validation passes (at their
     measured share): workers × 3600 ÷ (``steps``, by default the cell's budget, at a worker's
     rate, plus evaluation, plus start-up). A cell that stops early pays the same start-up for
-    fewer steps, so the compiled step's start-up weighs more there."""
+    fewer steps, so the compiled step's start-up weighs more there. The start-up is a fresh
+    worker's: ``compare``'s workers reuse a compiled step for the next cell of the same shape
+    (on the CPU a later cell of one shape started in 0.5 s against 21 s for the first), so for
+    a sweep this bounds its first cells per worker and shape."""
     steps = row["cell_steps"] if steps is None else steps
     seconds = steps / row["steps_per_s"] / (1.0 - row["eval_share"]) + row["warmup_s"]
     return row["workers"] * 3600.0 / seconds
