@@ -74,7 +74,7 @@ def masked_loss(model: nn.Module, inputs: torch.Tensor, labels: torch.Tensor,
     keep = labels != IGNORE
     if torch.compiler.is_compiling():
         if scored_max is None:
-            logits, labels = model(inputs), labels
+            logits = model(inputs)
         else:
             logits = model(inputs, scored=keep, scored_max=scored_max)
             labels = labels.gather(1, scored_rows(keep, labels.shape, scored_max)[0])
