@@ -292,7 +292,7 @@ def throughput_report(recipe: str, records: list[dict[str, Any]]) -> list[str]:
     """Per cell and hardware: every setting's row, the baseline's cells per hour (1 worker, eager)
     and the best setting's, each ratio as measured in its run."""
     from .throughput import COLUMNS as THROUGHPUT_COLUMNS
-    from .throughput import break_even_steps, cells_per_hour_started
+    from .throughput import break_even_steps, cell_rate, cells_per_hour_started
 
     lines = [f"# {recipe}: cells of a compare sweep per hour, by workers per device and compile mode", "",
              ("Cells per hour = aggregate training steps/s × 3600 ÷ the cell's configured steps (its full budget); "
@@ -312,20 +312,18 @@ def throughput_report(recipe: str, records: list[dict[str, Any]]) -> list[str]:
             lines.append(f"- before (1 worker, eager): {base['cells_per_hour']:.1f} cells/h")
         lines.append(f"- best ({best['workers']} worker(s), {best['mode']}): {best['cells_per_hour']:.1f} cells/h "
                      f"(× {best['vs_baseline']:.2f} the baseline of its run)")
-        def later(x: dict[str, Any], y: dict[str, Any], at: float) -> bool:  # x wins beyond the tie
-            return cells_per_hour_started(x, round(2 * at)) > cells_per_hour_started(y, round(2 * at))
-
         eager = [r for r in rows if r["mode"] == "eager"]
         comp = [r for r in rows if r["mode"] != "eager"]
         if eager and comp:  # start-up counted: which wins depends on how many steps a cell trains
             e = max(eager, key=lambda r: r["cells_per_hour_started"])
             c = max(comp, key=lambda r: r["cells_per_hour_started"])
             at = break_even_steps(e, c)
+            longer = c["workers"] * cell_rate(c) > e["workers"] * cell_rate(e)  # the compiled step wins long cells
             lines.append(f"- start-up counted, at the full budget: {e['workers']} eager worker(s) "
                          f"{e['cells_per_hour_started']:.1f} cells/h, {c['workers']} worker(s) {c['mode']} "
                          f"{c['cells_per_hour_started']:.1f}; "
                          + ("the same winner at every number of steps" if at is None else
-                            f"the compiled step trains more cells {'from' if later(c, e, at) else 'up to'} "
+                            f"the compiled step trains more cells {'from' if longer else 'up to'} "
                             f"{at:.0f} steps per cell"))
         lines += ["", "Provenance:", *provenance_lines(group), ""]
     return lines

@@ -239,14 +239,19 @@ def cells_per_hour_started(row: dict[str, Any], steps: int | None = None) -> flo
     (on the CPU a later cell of one shape started in 0.5 s against 21 s for the first), so for
     a sweep this bounds its first cells per worker and shape."""
     steps = row["cell_steps"] if steps is None else steps
-    seconds = steps / row["steps_per_s"] / (1.0 - row["eval_share"]) + row["warmup_s"]
-    return row["workers"] * 3600.0 / seconds
+    return row["workers"] * 3600.0 / (steps / cell_rate(row) + row["warmup_s"])
+
+
+def cell_rate(row: dict[str, Any]) -> float:
+    """A worker's training steps per second of a cell's wall time, its validation passes counted.
+    ``workers`` × this decides which setting trains more of the longest cells."""
+    return row["steps_per_s"] * (1.0 - row["eval_share"])
 
 
 def break_even_steps(a: dict[str, Any], b: dict[str, Any]) -> float | None:
     """The steps per cell at which settings ``a`` and ``b`` train as many cells per hour, start-up
     counted (:func:`cells_per_hour_started`); None when one of them wins at every length."""
-    ra, rb = (r["steps_per_s"] * (1.0 - r["eval_share"]) for r in (a, b))
+    ra, rb = cell_rate(a), cell_rate(b)
     slope = a["workers"] / rb - b["workers"] / ra        # a's cells/h against b's: seconds per step
     if slope == 0:
         return None
