@@ -11,10 +11,11 @@ the baseline of one eager process:
   step's forward and backward.
 
 A *setting* is (workers, compile). For each, every worker builds the cell's model, trains
-``warmup`` untimed steps (compilation happens there; its time is reported apart), waits for
-the others at a barrier, then trains ``steps`` timed steps through
-:func:`posattn.synthetic.train.train` (no evaluation), and finally times one evaluation of the
-cell's validation set. From the timed windows:
+``warmup`` untimed steps and evaluates the cell's validation set once (compilation and every
+first-use cost happen there; their time is reported apart), waits for the others at a barrier,
+then trains ``steps`` timed steps through :func:`posattn.synthetic.train.train` (no evaluation),
+and finally times one more evaluation of the validation set, which stands for each of the cell's
+evaluations. From the timed windows:
 
 - steps/s per process (each worker's own window) and aggregate steps/s (all workers' steps over
   the span from the first start to the last end);
@@ -152,15 +153,18 @@ def work(job: Job, barrier: Any, results: Any) -> None:
         torch.manual_seed(cfg.seed + job.index)
         model = build_model(cell.model_config())
         run = dict(device=job.device, progress=False, compile=job.compile)
+        valid = cell.data("valid", cell.train_length, cell.examples["valid"])
         t0 = time.monotonic()
         train(model, data, replace(cfg, steps=warmup, eval_every=warmup), **run)
+        # a first pass pays what a cell pays once (lazily loaded kernels, the eager path's first
+        # use after a compiled step): timed, it would count that once-only cost at every evaluation
+        evaluate(model, valid, cfg.eval_batch_size, job.device)
         warm = time.monotonic() - t0
         barrier.wait(BARRIER_S)
         start = time.monotonic()
         train(model, data, replace(cfg, steps=job.steps, eval_every=job.steps), **run)
         end = time.monotonic()
         barrier.wait(BARRIER_S)
-        valid = cell.data("valid", cell.train_length, cell.examples["valid"])
         t0 = time.monotonic()
         evaluate(model, valid, cfg.eval_batch_size, job.device)
         results.put({"index": job.index, "warmup_s": warm, "start": start, "end": end,
