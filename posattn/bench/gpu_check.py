@@ -17,7 +17,8 @@ each result as soon as it exists:
 7. ``throughput``: cells per GPU-hour of the CAT Fig 2 sweep (:mod:`.throughput`): one eager
    worker against several workers per GPU and the compiled step, on its largest and a middle
    shape;
-8. ``cat``: the next unfinished cells of the CAT figure recipes (``posattn compare``).
+8. ``cat``: the next unfinished cells of the CAT figure recipes (``posattn compare``), in each
+   recipe the cells of its costliest unfinished panels first (:func:`gpu_cells`).
 
 Each stage is a child process killed at the end of its time box (or of the whole deadline), so
 a kill loses at most the run in flight; every measured setup is a results-store record
@@ -66,6 +67,8 @@ BOXES = {"tests": 90, "layer_eager": 55, "layer_compiled": 30, "models": 40, "pr
          "throughput": 30}
 CAT_SECONDS = 160
 TEST_WORKERS = 8
+# cells a CAT run picks per worker (gpu_cells): a whole 9-minute call holds about 8 of a minute each
+CAT_CELLS_PER_WORKER = 10
 RESERVE = 15  # seconds kept at the end for the archive and the summary
 PUBLISH = 30  # seconds kept after a compare run to copy its finished cells into the store
 # (n, batch), most useful first: the n = 4096 targets, then the shapes of the earlier H100 table
@@ -502,13 +505,41 @@ def ab_stage(s: Settings, rows_out: Path) -> None:
 def store_counts(recipe: str, root: Path) -> tuple[str, int, int]:
     """(the sweep's name, its cells in the store, its cells in all); one error if the store holds
     another config under the sweep's name."""
+    name, present, cells = _stored(recipe, root)
+    return name, len(present), len(cells)
+
+
+def _stored(recipe: str, root: Path) -> tuple[str, set[str], list[Any]]:
+    """(the sweep's name, the ids of its cells in the store, its cells)."""
     from ..experiments.publish import stored_cells
     from ..synthetic.compare import load_config, validate_config
 
     sweep = validate_config(load_config(recipe))
     name = check_name(sweep.name, "sweep name")
     ids = {cell.id for cell in sweep.cells}
-    return name, len(ids & set(stored_cells(name, "compare", sweep.config, f"sweep {name!r}", root))), len(ids)
+    return name, ids & set(stored_cells(name, "compare", sweep.config, f"sweep {name!r}", root)), sweep.cells
+
+
+def gpu_cells(recipe: str, root: Path, at_least: int) -> list[str]:
+    """The unfinished cells of ``recipe`` a GPU trains first: those of its costliest panels (a panel
+    is one width and training length; cost d_model × length), the costliest first, until at least
+    ``at_least`` are picked (fewer when fewer are left). On a GPU these small models' steps are
+    launch-bound (on the H100 one eager worker trained Fig 2's largest cell, d 128 at n 256, at
+    120 steps/s: 50 s for its 6000 steps), so a small cell costs it about as much as a large one,
+    while a CPU's time grows with the cell (a Fig 2 cell of d 32 at n 64 takes 1.5–3 minutes on
+    one core, of d 64 about 3): the GPU takes the cells a CPU cannot afford and leaves it the
+    small ones."""
+    _, present, cells = _stored(recipe, root)
+    panels: dict[tuple[int, int], list[str]] = {}
+    for cell in cells:
+        if cell.id not in present:
+            panels.setdefault((cell.d_model * cell.train_length, cell.train_length), []).append(cell.id)
+    picked: list[str] = []
+    for panel in sorted(panels, reverse=True):
+        if len(picked) >= at_least:
+            break
+        picked += panels[panel]
+    return picked
 
 
 # -- the driver -----------------------------------------------------------------------------------
@@ -626,6 +657,7 @@ class Driver:
             # --store: the store's cells count as finished, each cell finished here is added at once
             command = ["compare", recipe, "--store", "--device", s.device, "--workers", str(s.workers)]
             command += ["--compile", s.cat_compile] if s.cat_compile else []
+            command += ["--only", *gpu_cells(recipe, s.results, CAT_CELLS_PER_WORKER * s.workers)]
             argv = [sys.executable, "-m", "posattn.cli", *command, "--no-progress", "--out", str(run)]
             # no new cell after the time limit; the kill below is the backstop for the cells in flight
             argv += ["--time-limit", str(int(left - PUBLISH - 60))]

@@ -17,6 +17,7 @@ from posattn.bench.cases import Sizes
 from posattn.bench.gpu_check import (
     Driver,
     Settings,
+    gpu_cells,
     layer_plan,
     layer_stage,
     store_counts,
@@ -26,6 +27,7 @@ from posattn.bench.gpu_check import (
 from posattn.bench.store import AB_RECIPE, LAYER_RECIPE, publish_rows, setup
 from posattn.errors import PositionError
 from posattn.experiments import store
+from posattn.synthetic.compare import load_config, validate_config
 
 bench_run = importlib.import_module("posattn.bench.run")  # the module (the package exports its run())
 
@@ -128,7 +130,6 @@ def test_cells_in_the_store_are_counted_for_the_cat_stage(tmp_path: Path) -> Non
                       "  - {mechanisms: [rope], layers: 1}\ntraining: {steps: 5, batch_size: 8, lr: 0.003}\n")
     from posattn.experiments.publish import recipe_result
     from posattn.experiments.runs import Run
-    from posattn.synthetic.compare import load_config, validate_config
 
     sweep = validate_config(load_config(str(config)))
     first, root = sweep.cells[0], tmp_path / "results"
@@ -139,6 +140,35 @@ def test_cells_in_the_store_are_counted_for_the_cat_stage(tmp_path: Path) -> Non
     store.publish("tiny_cat", first.id, {"id": first.id, "accuracy": {"16": 0.5}}, prov, root=root)
     store.publish("tiny_cat", "0123456789ab", {"id": "0123456789ab"}, prov, root=root)   # not a cell of this config
     assert store_counts(str(config), root) == ("tiny_cat", 1, 2)
+
+
+def test_the_gpu_takes_the_costliest_panels_first(tmp_path: Path) -> None:
+    """The CAT stage hands a GPU the unfinished cells of a recipe's costliest panels (d_model ×
+    training length), enough for its workers; the small ones are left to CPUs."""
+    config = tmp_path / "tiny.yaml"
+    config.write_text("name: tiny_cat\ntask: mqar\ntask_params: {num_kv_pairs: 2}\nvocab_size: 16\n"
+                      "train_length: [16, 32]\ntest_multipliers: [1]\nexamples: {train: 100, valid: 20, test: 20}\n"
+                      "d_model: [8, 16]\nn_heads: 2\nd_ff: 0\nmodels:\n  - {mechanisms: [cat], layers: 1}\n"
+                      "  - {mechanisms: [rope], layers: 1}\ntraining: {steps: 5, batch_size: 8, lr: 0.003}\n")
+    from posattn.experiments.publish import recipe_result
+    from posattn.experiments.runs import Run
+
+    sweep, root = validate_config(load_config(str(config))), tmp_path / "results"
+
+    def panel(d: int, n: int) -> list[str]:
+        return [c.id for c in sweep.cells if (c.d_model, c.train_length) == (d, n)]
+
+    assert gpu_cells(str(config), root, 1) == panel(16, 32)
+    # d 8 at 32 and d 16 at 16 cost the same: the longer training length first
+    assert gpu_cells(str(config), root, 3) == panel(16, 32) + panel(8, 32)
+    assert sorted(gpu_cells(str(config), root, 100)) == sorted(c.id for c in sweep.cells)
+    prov = store.provenance("posattn compare", "cpu")
+    recipe = recipe_result(Run(tmp_path, "compare", "tiny_cat", sweep.config, {}, 8, "posattn compare"))
+    store.publish("tiny_cat", store.RECIPE_ID, recipe, prov, kind="recipe", root=root)
+    done = panel(16, 32)[0]
+    store.publish("tiny_cat", done, {"id": done, "accuracy": {"32": 0.5}}, prov, root=root)
+    assert gpu_cells(str(config), root, 1) == panel(16, 32)[1:]
+    assert gpu_cells(str(config), root, 2) == panel(16, 32)[1:] + panel(8, 32)
 
 
 def test_cat_stage_trains_the_missing_cells_into_the_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -152,8 +182,9 @@ def test_cat_stage_trains_the_missing_cells_into_the_store(tmp_path: Path, monke
     driver = Driver(s)
     driver.cat()
     records = store.load("tiny_cat", s.results, kind="cell")
+    ids = " ".join(cell.id for cell in validate_config(load_config(str(config))).cells)
     assert len(records) == 2 and {r["provenance"]["command"] for r in records} == \
-        {f"posattn compare {config} --store --device cpu --compile dynamo"}
+        {f"posattn compare {config} --store --device cpu --compile dynamo --only {ids}"}
     assert "tiny_cat: 2 new cells, 2/2 in the store" in driver.results[-1].note
     driver.cat()   # nothing left: no compare starts
     assert "tiny_cat: complete in the store (2 cells)" in driver.results[-1].note
