@@ -149,6 +149,24 @@ def test_models_are_the_same_shape() -> None:
     assert count["hf_gpt_neox"] == count["dec"]
 
 
+def test_each_posattn_loss_has_its_peers_precision() -> None:
+    """In bf16 the encoder's loss is taken on bf16 logits as BertForMaskedLM's is, the decoder's
+    on fp32 logits as the causal-LM loss of GPT-NeoX and Llama: a speed ratio then compares the
+    models, not two loss precisions."""
+    pytest.importorskip("transformers")
+    from posattn.bench.models import _hf, _posattn
+
+    sizes = Sizes(heads=2, head_dim=8, vocab=50, layers=1, d_ff=32, max_len=16, dtype="bfloat16")
+    dtypes = {}
+    for name, (model, loss) in [("enc", _posattn("posattn_encoder", ["absolute"], sizes, 16)),
+                                ("dec", _posattn("posattn_decoder", ["rope"], sizes, 16)),
+                                *[(hf, _hf(hf, sizes, 16)) for hf in ("hf_bert", "hf_llama")]]:
+        model.to(torch.bfloat16)
+        dtypes[name] = loss().dtype
+    assert dtypes == {"enc": torch.bfloat16, "hf_bert": torch.bfloat16, "dec": torch.float32,
+                      "hf_llama": torch.float32}
+
+
 def test_pretraining_objective_case_has_the_full_cases_loss() -> None:
     """posattn_mlm (the last block and logits at the masked rows only) computes the loss of
     posattn_encoder (logits everywhere) for the same weights and batch."""
