@@ -502,15 +502,9 @@ def ab_stage(s: Settings, rows_out: Path) -> None:
 
 
 # -- the CAT figure cells -------------------------------------------------------------------------
-def store_counts(recipe: str, root: Path) -> tuple[str, int, int]:
-    """(the sweep's name, its cells in the store, its cells in all); one error if the store holds
-    another config under the sweep's name."""
-    name, present, cells = _stored(recipe, root)
-    return name, len(present), len(cells)
-
-
-def _stored(recipe: str, root: Path) -> tuple[str, set[str], list[Any]]:
-    """(the sweep's name, the ids of its cells in the store, its cells)."""
+def stored(recipe: str, root: Path) -> tuple[str, set[str], list[Any]]:
+    """(the sweep's name, the ids of its cells in the store, its cells); one error if the store
+    holds another config under the sweep's name."""
     from ..experiments.publish import stored_cells
     from ..synthetic.compare import load_config, validate_config
 
@@ -520,16 +514,15 @@ def _stored(recipe: str, root: Path) -> tuple[str, set[str], list[Any]]:
     return name, ids & set(stored_cells(name, "compare", sweep.config, f"sweep {name!r}", root)), sweep.cells
 
 
-def gpu_cells(recipe: str, root: Path, at_least: int) -> list[str]:
-    """The unfinished cells of ``recipe`` a GPU trains first: those of its costliest panels (a panel
-    is one width and training length; cost d_model × length), the costliest first, until at least
-    ``at_least`` are picked (fewer when fewer are left). On a GPU these small models' steps are
-    launch-bound (on the H100 one eager worker trained Fig 2's largest cell, d 128 at n 256, at
-    120 steps/s: 50 s for its 6000 steps), so a small cell costs it about as much as a large one,
-    while a CPU's time grows with the cell (a Fig 2 cell of d 32 at n 64 takes 1.5–3 minutes on
-    one core, of d 64 about 3): the GPU takes the cells a CPU cannot afford and leaves it the
-    small ones."""
-    _, present, cells = _stored(recipe, root)
+def gpu_cells(cells: list[Any], present: set[str], at_least: int) -> list[str]:
+    """The ids of the ``cells`` (a sweep's, :func:`stored`) not in ``present`` that a GPU trains
+    first: those of the costliest panels (a panel is one width and training length; cost
+    d_model × length), the costliest first, until at least ``at_least`` are picked (fewer when
+    fewer are left). On a GPU these small models' steps are launch-bound (on the H100 one eager
+    worker trained Fig 2's largest cell, d 128 at n 256, at 120 steps/s: 50 s for its 6000
+    steps), so a small cell costs it about as much as a large one, while a CPU's time grows with
+    the cell (a Fig 2 cell of d 32 at n 64 takes 1.5–3 minutes on one core, of d 64 about 3):
+    the GPU takes the cells a CPU cannot afford and leaves it the small ones."""
     panels: dict[tuple[int, int], list[str]] = {}
     for cell in cells:
         if cell.id not in present:
@@ -647,21 +640,22 @@ class Driver:
                 continue
             run = s.work / f"compare-{Path(recipe).stem}"
             try:  # e.g. a config the checkout cannot load here: said in the summary, the next recipe runs
-                name, present, total = store_counts(recipe, s.results)
+                name, present, cells = stored(recipe, s.results)
+                had, total = len(present), len(cells)
             except Exception as e:
                 notes.append(f"{recipe}: not started ({type(e).__name__}: {e})")
                 continue
-            if present == total:
+            if had == total:
                 notes.append(f"{name}: complete in the store ({total} cells)")
                 continue
             # --store: the store's cells count as finished, each cell finished here is added at once
             command = ["compare", recipe, "--store", "--device", s.device, "--workers", str(s.workers)]
             command += ["--compile", s.cat_compile] if s.cat_compile else []
-            command += ["--only", *gpu_cells(recipe, s.results, CAT_CELLS_PER_WORKER * s.workers)]
+            command += ["--only", *gpu_cells(cells, present, CAT_CELLS_PER_WORKER * s.workers)]
             argv = [sys.executable, "-m", "posattn.cli", *command, "--no-progress", "--out", str(run)]
             # no new cell after the time limit; the kill below is the backstop for the cells in flight
             argv += ["--time-limit", str(int(left - PUBLISH - 60))]
-            self.log.write(f"\n===== cat: {name} ({present}/{total} cells in the store, {left:.0f} s left) =====\n")
+            self.log.write(f"\n===== cat: {name} ({had}/{total} cells in the store, {left:.0f} s left) =====\n")
             self.log.flush()
             rc, _ = self.child(argv, left - PUBLISH)
             if rc != 0:  # killed or failed: cells finished but not yet handed on (workers end out of order)
@@ -669,7 +663,7 @@ class Driver:
                        shlex.join(["posattn", *command]), "--hardware", hardware(s.device)]
                 self.child(add, max(5.0, self.left() + RESERVE - 5))
             now = len(load(name, s.results, kind="cell"))
-            notes.append(f"{name}: {now - present} new cells, {now}/{total} in the store"
+            notes.append(f"{name}: {now - had} new cells, {now}/{total} in the store"
                          + ("" if rc == 0 else " (stopped at the deadline)" if rc is None else f" (exit {rc})"))
             self.finish(extra=StageResult("cat", "running", time.monotonic() - t0, "; ".join(notes)))
         ran = any("not started" not in note for note in notes)

@@ -20,7 +20,7 @@ from posattn.bench.gpu_check import (
     gpu_cells,
     layer_plan,
     layer_stage,
-    store_counts,
+    stored,
     throughput_left,
     throughput_stage,
 )
@@ -133,13 +133,15 @@ def test_cells_in_the_store_are_counted_for_the_cat_stage(tmp_path: Path) -> Non
 
     sweep = validate_config(load_config(str(config)))
     first, root = sweep.cells[0], tmp_path / "results"
-    assert store_counts(str(config), root) == ("tiny_cat", 0, 2)
+    name, present, cells = stored(str(config), root)
+    assert (name, len(present), len(cells)) == ("tiny_cat", 0, 2)
     prov = store.provenance("posattn compare", "cpu")
     recipe = recipe_result(Run(tmp_path, "compare", "tiny_cat", sweep.config, {}, 2, "posattn compare"))
     store.publish("tiny_cat", store.RECIPE_ID, recipe, prov, kind="recipe", root=root)
     store.publish("tiny_cat", first.id, {"id": first.id, "accuracy": {"16": 0.5}}, prov, root=root)
     store.publish("tiny_cat", "0123456789ab", {"id": "0123456789ab"}, prov, root=root)   # not a cell of this config
-    assert store_counts(str(config), root) == ("tiny_cat", 1, 2)
+    name, present, cells = stored(str(config), root)
+    assert (name, present, len(cells)) == ("tiny_cat", {first.id}, 2)
 
 
 def test_the_gpu_takes_the_costliest_panels_first(tmp_path: Path) -> None:
@@ -158,17 +160,21 @@ def test_the_gpu_takes_the_costliest_panels_first(tmp_path: Path) -> None:
     def panel(d: int, n: int) -> list[str]:
         return [c.id for c in sweep.cells if (c.d_model, c.train_length) == (d, n)]
 
-    assert gpu_cells(str(config), root, 1) == panel(16, 32)
+    def picked(at_least: int) -> list[str]:
+        _, present, cells = stored(str(config), root)
+        return gpu_cells(cells, present, at_least)
+
+    assert picked(1) == panel(16, 32)
     # d 8 at 32 and d 16 at 16 cost the same: the longer training length first
-    assert gpu_cells(str(config), root, 3) == panel(16, 32) + panel(8, 32)
-    assert sorted(gpu_cells(str(config), root, 100)) == sorted(c.id for c in sweep.cells)
+    assert picked(3) == panel(16, 32) + panel(8, 32)
+    assert sorted(picked(100)) == sorted(c.id for c in sweep.cells)
     prov = store.provenance("posattn compare", "cpu")
     recipe = recipe_result(Run(tmp_path, "compare", "tiny_cat", sweep.config, {}, 8, "posattn compare"))
     store.publish("tiny_cat", store.RECIPE_ID, recipe, prov, kind="recipe", root=root)
     done = panel(16, 32)[0]
     store.publish("tiny_cat", done, {"id": done, "accuracy": {"32": 0.5}}, prov, root=root)
-    assert gpu_cells(str(config), root, 1) == panel(16, 32)[1:]
-    assert gpu_cells(str(config), root, 2) == panel(16, 32)[1:] + panel(8, 32)
+    assert picked(1) == panel(16, 32)[1:]
+    assert picked(2) == panel(16, 32)[1:] + panel(8, 32)
 
 
 def test_cat_stage_trains_the_missing_cells_into_the_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
