@@ -113,6 +113,11 @@ class Policy:
     # off the CPU: the short depthwise convolutions (CAT, conv_qkv, depthwise_conv) through
     # torch.compile (mechanisms.conv.conv_compiled) instead of eager shift-and-add
     compiled_conv: bool = False
+    # the SDPA kernels every scaled_dot_product_attention call of this path may take
+    # (torch.nn.attention.sdpa_kernel): "auto" leaves the choice to PyTorch (cuDNN's attention on an
+    # H100 in torch 2.13 for bf16), "flash" FlashAttention-2 (or the CPU's flash kernel); a backend
+    # that cannot take the inputs is an error, not a silent fallback
+    sdpa_backend: Literal["auto", "flash", "cudnn", "efficient", "math"] = "auto"
 
 
 CPU_POLICY = Policy()
@@ -352,18 +357,43 @@ def _sdpa(q: Tensor, k: Tensor, v: Tensor, low: list[LowRank], keep: Tensor | No
         scale = 1.0
     hides = keep is not None or documents is not None
     mask = allowed_mask(q.shape[-2], keep, causal, q.device, documents=documents) if hides else None
-    return _softmax_product(q, k, v, mask, causal, scale, p)[..., :d_v]
+    return _softmax_product(q, k, v, mask, causal, scale, p, policy)[..., :d_v]
+
+
+_BACKENDS = {"flash": "FLASH_ATTENTION", "cudnn": "CUDNN_ATTENTION", "efficient": "EFFICIENT_ATTENTION",
+             "math": "MATH"}  # Policy.sdpa_backend -> torch.nn.attention.SDPBackend
+
+
+def sdpa(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, *, causal: bool = False,
+         scale: float | None = None, p: float = 0.0, policy: Policy | None = None) -> Tensor:
+    """``F.scaled_dot_product_attention`` restricted to ``policy.sdpa_backend`` (default: the
+    policy in force for ``q``'s device, :func:`policy_for`); "auto" calls it as it is."""
+    backend = (policy or policy_for(q.device)).sdpa_backend
+    if backend == "auto":
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, is_causal=causal, scale=scale)
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    try:
+        with sdpa_kernel([getattr(SDPBackend, _BACKENDS[backend])]):
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, is_causal=causal,
+                                                  scale=scale)
+    except RuntimeError as e:
+        if "backend" not in str(e) and "kernel" not in str(e):
+            raise
+        raise PositionError(f"Policy.sdpa_backend={backend!r}: PyTorch's {backend} SDPA kernel does not take "
+                            f"these inputs ({q.dtype}, {q.device.type}, head dim {q.shape[-1]}, "
+                            f"{'a mask, ' if mask is not None else ''}dropout {p}); use 'auto' or another "
+                            f"backend ({e})") from None
 
 
 def _softmax_product(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool, scale: float,
-                     p: float) -> Tensor:
+                     p: float, policy: Policy) -> Tensor:
     """SDPA with ``mask`` (bool, or a float bias with −inf where hidden; None: ``causal`` alone) and
     dropout ``p``. Where :mod:`.dropout` draws the mask itself (the CPU), a dropout product is
     written out, so that it drops through :func:`.dropout.dropout` as the reference path does;
     PyTorch's CPU SDPA runs its unfused math path under dropout anyway."""
     if p == 0.0 or not hashed(q):
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, is_causal=causal and mask is None,
-                                              scale=scale)
+        return sdpa(q, k, v, mask, causal=causal and mask is None, scale=scale, p=p, policy=policy)
     s = (q @ k.transpose(-1, -2)) * scale
     if mask is None:
         mask = allowed_mask(q.shape[-2], None, causal, q.device)  # None unless causal
@@ -402,7 +432,7 @@ def _dense(q: Tensor, k: Tensor, v: Tensor, low: list[LowRank], rest: list[Term]
     if ok is not None:
         bias = (torch.zeros(ok.shape, dtype=q.dtype, device=q.device) if bias is None else bias).masked_fill(
             ~ok, float("-inf"))
-    return _softmax_product(q, k, v, bias, causal, scale, p)[..., :d_v]  # bias None: narrow low-rank terms only
+    return _softmax_product(q, k, v, bias, causal, scale, p, policy)[..., :d_v]  # bias None: narrow low-rank terms only
 
 
 def _transformed(q: Tensor, k: Tensor, v: Tensor, additive: list[Term], changes: list[Term], keep: Tensor | None,

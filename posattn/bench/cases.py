@@ -22,7 +22,6 @@ from dataclasses import asdict, replace
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 from ..attention import fast
 from ..attention.layer import mix
@@ -85,7 +84,7 @@ def op_case(spec: CaseSpec, sizes: Sizes, record: bool = True) -> Case | None:
     x = torch.randn(b, n, sizes.d_model, generator=g).to(**like).requires_grad_()
     if spec.name == BASELINE:
         def attention() -> torch.Tensor:
-            return F.scaled_dot_product_attention(q, k, v, is_causal=sizes.causal)
+            return fast.sdpa(q, k, v, causal=sizes.causal)  # under the run's Policy.sdpa_backend
         mechs: list[Any] = []
     else:
         dims = Dims(sizes.d_model, h, 1, sizes.max_len, 2, sizes.causal)

@@ -60,7 +60,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--repeats", type=positive_int, help="interleaved rounds, medians reported (default 5)")
     p.add_argument("--warmup", type=natural_int, help="untimed rounds first (default 1)")
     p.add_argument("--policy", nargs="+", default=[], metavar="FIELD=VALUE",
-                   help="override fast-path Policy fields, e.g. dense_max_n=256 grad_chunk=64 force=flash_bias")
+                   help="override fast-path Policy fields, e.g. dense_max_n=256 grad_chunk=64 force=flash_bias, "
+                        "or sdpa_backend=flash (every SDPA call, the baseline's too, on FlashAttention alone)")
     p.add_argument("--ab", nargs="+", default=[], metavar="FIELD=VALUE",
                    help="time every mechanism a second time under these Policy overrides, in the same "
                         "interleaved rounds (an A/B on a noisy machine), e.g. --ab native=False")

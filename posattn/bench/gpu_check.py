@@ -4,8 +4,10 @@ GPU time comes in short windows, so one command does everything in order of valu
 each result as soon as it exists:
 
 1. ``tests``: the CUDA tests (pytest log);
-2. ``layer_eager``: the one-block layer of every registered mechanism against plain SDPA
-   (:mod:`.run`), every (n, batch) of :data:`SHAPES`, most useful shape first;
+2. ``layer_eager``: first the layer target's mechanisms at n = 4096 against the baseline it
+   names, FlashAttention-backed SDPA (:func:`target_run`); then the one-block layer of every
+   registered mechanism against plain SDPA (:mod:`.run`), every (n, batch) of :data:`SHAPES`,
+   most useful shape first;
 3. ``layer_compiled``: the same with the steps compiled (``torch.compile``), the target
    mechanisms at n = 4096 first, a few mechanisms per run;
 4. ``models``: whole models against Hugging Face (:mod:`.models`) at BERT-base size;
@@ -73,6 +75,12 @@ RESERVE = 15  # seconds kept at the end for the archive and the summary
 PUBLISH = 30  # seconds kept after a compare run to copy its finished cells into the store
 # (n, batch), most useful first: the n = 4096 targets, then the shapes of the earlier H100 table
 SHAPES = [(4096, 16), (512, 16), (128, 16), (512, 64), (128, 64), (4096, 64)]
+# the GPU layer target's own baseline, "FlexAttention against FlashAttention-backed SDPA" (the FlexAttention
+# paper reports 0.85-0.9x of FlashAttention-2 for such biases), where PyTorch's own choice on the H100 was
+# cuDNN's attention (the sdpa row's profile: aten::_cudnn_attention_forward/backward, 2026-11-27): the eager
+# stage's first run times the target mechanisms at n = 4096, batch 16 with every SDPA call on FlashAttention
+TARGET_SHAPE = (4096, 16)
+TARGET_POLICY: dict[str, Any] = {"sdpa_backend": "flash"}
 # compiled first: the mechanisms the layer targets name, and the ones users train most
 COMPILE_FIRST = ["alibi", "t5", "tisa", "fixed_conv", "dynamic_conv", "rope", "absolute", "cat"]
 MODEL_MECHANISMS = ["alibi", "t5", "tisa", "fixed_conv", "dynamic_conv", "composite", "cat"]
@@ -228,10 +236,22 @@ def mode_name(mode: str) -> str:
     return mode if mode == "eager" else f"compile {mode}"
 
 
-def layer_todo(s: Settings, mode: str, hw: str | None = None) -> list[tuple[Sizes, list[str]]]:
+def target_run(s: Settings, names: list[str]) -> list[tuple[int, int, list[str], dict[str, Any]]]:
+    """The eager stage's first run: the mechanisms of the GPU layer target at :data:`TARGET_SHAPE`
+    under :data:`TARGET_POLICY` (n, batch, mechanisms, Policy overrides); none unless that shape is
+    one of ``s.shapes`` (tiny: the first of them)."""
+    from .records import LAYER_TARGETS
+
+    shape = s.shapes[0] if s.tiny else TARGET_SHAPE
+    mechs = [m for m in names if m in LAYER_TARGETS]
+    return [(*shape, mechs, TARGET_POLICY)] if shape in s.shapes and mechs else []
+
+
+def layer_todo(s: Settings, mode: str, hw: str | None = None) -> list[tuple[Sizes, list[str], dict[str, Any]]]:
     """The layer runs of ``mode`` ("eager" or a compile mode) still to do on the hardware ``hw``
     (default: this machine's ``s.device``): (sizes with n as ``max_len`` and the batch, the
-    mechanisms whose record is missing), in the order of :func:`layer_plan`."""
+    mechanisms whose record is missing, the run's Policy overrides): eager first the
+    :func:`target_run`, then the grid in the order of :func:`layer_plan`."""
     from .. import mechanisms as registry
     from ..experiments.store import hardware
     from .store import LAYER_RECIPE, missing, setup
@@ -239,13 +259,16 @@ def layer_todo(s: Settings, mode: str, hw: str | None = None) -> list[tuple[Size
     names = s.mechanisms or registry.names()
     sizes = layer_sizes(s)
     hw = hw or hardware(s.device)
+    runs = target_run(s, names) if mode == "eager" else []
+    runs += [(n, batch, group, {}) for n, batch, group in
+             layer_plan(names, s.shapes, s.eager_group if mode == "eager" else s.compile_group)]
     out = []
-    for n, batch, group in layer_plan(names, s.shapes, s.eager_group if mode == "eager" else s.compile_group):
+    for n, batch, group, policy in runs:
         run_sizes = replace(sizes, batch=batch, max_len=n)
         todo = [m for m in group if missing(LAYER_RECIPE, [setup("layer", spec_label([m]), n, batch, run_sizes,
-                                                                 mode_name(mode), hw)], s.results)]
+                                                                 mode_name(mode), hw, policy)], s.results)]
         if todo:
-            out.append((run_sizes, todo))
+            out.append((run_sizes, todo, policy))
     return out
 
 
@@ -258,17 +281,19 @@ def layer_stage(s: Settings, mode: str, rows_out: Path) -> None:
     from .store import LAYER_RECIPE, publish_rows
 
     compiled = mode != "eager"
-    for sizes, todo in layer_todo(s, mode):
-        where = f"layer {mode_name(mode)} n={sizes.max_len} batch={sizes.batch}"
+    for sizes, todo, policy in layer_todo(s, mode):
+        overrides = " ".join(f"{k}={v}" for k, v in policy.items())
+        where = f"layer {mode_name(mode)} n={sizes.max_len} batch={sizes.batch}" + (f" {overrides}" if policy else "")
         _log(f"{where}: {', '.join(todo)}")
         opts = BenchOptions(mechanisms=[[m] for m in todo], lengths=[sizes.max_len], kinds=("layer",), sizes=sizes,
                             batches=[sizes.batch], threads=min(16, torch.get_num_threads()), repeats=s.repeats,
                             warmup=1 if compiled else 0,  # eager: building the case ran each step once
-                            memory=not (compiled or s.tiny), compile=mode if compiled else None)
+                            memory=not (compiled or s.tiny), compile=mode if compiled else None,
+                            policy=dict(policy))
         rows = run(opts, log=_log)
         command = (f"posattn bench --kinds layer --device {s.device} --dtype {sizes.dtype} -n {sizes.max_len} "
                    f"--batch {sizes.batch} --repeats {s.repeats} -m {' '.join(todo)}"
-                   + (f" --compile {mode}" if compiled else ""))
+                   + (f" --compile {mode}" if compiled else "") + (f" --policy {overrides}" if policy else ""))
         written, kept = publish_rows(LAYER_RECIPE, "layer", rows, sizes, mode_name(mode),
                                      provenance(command, s.device), s.results)
         _append_rows(rows_out, [{**r, "mode": mode_name(mode)} for r in rows])
@@ -604,8 +629,9 @@ class Driver:
         todo = layer_todo(self.s, mode)
         if not todo:
             return "every setup in the store"
-        return (f"{sum(len(t) for _, t in todo)} setups left, next: n={todo[0][0].max_len} "
-                f"batch={todo[0][0].batch} {', '.join(todo[0][1])}")
+        sizes, mechs, policy = todo[0]
+        return (f"{sum(len(t) for _, t, _ in todo)} setups left, next: n={sizes.max_len} batch={sizes.batch} "
+                f"{', '.join(mechs)}" + "".join(f" {k}={v}" for k, v in policy.items()))
 
     def me(self, *args: str) -> list[str]:
         return [sys.executable, "-m", "posattn.cli", "gpu-check", "--out", str(self.s.out), *args]

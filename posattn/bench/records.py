@@ -62,14 +62,26 @@ def layer_groups(records: list[dict[str, Any]]) -> list[tuple[str, list[dict[str
     for r in records:
         res = r["result"]
         key = (res["hardware"], res["dtype"], res["mode"] != "eager", res["mode"], res["batch"], res["heads"],
-               res["head_dim"], res["causal"], res["dropout"])
+               res["head_dim"], res["causal"], res["dropout"], policy_text(res.get("policy")))
         groups.setdefault(key, []).append(r)
     out = []
-    for (hw, dtype, _, mode, batch, heads, head_dim, causal, dropout), group in sorted(groups.items()):
+    for (hw, dtype, _, mode, batch, heads, head_dim, causal, dropout, policy), group in sorted(groups.items()):
         title = (f"{hw}, {dtype}, {mode}, batch {batch} ({heads} heads × {head_dim}"
-                 f"{', causal' if causal else ''}{f', dropout {dropout}' if dropout else ''})")
+                 f"{', causal' if causal else ''}{f', dropout {dropout}' if dropout else ''})"
+                 f"{f', fast path under {policy}' if policy else ''}")
         out.append((title, group))
     return out
+
+
+def policy_text(policy: dict[str, Any] | None) -> str:
+    """``{"sdpa_backend": "flash"}`` -> ``sdpa_backend=flash`` ("" for none)."""
+    return " ".join(f"{k}={v}" for k, v in sorted((policy or {}).items()))
+
+
+def baseline_text(group: list[dict[str, Any]]) -> str:
+    """What the rows' ``×`` divides by: plain SDPA on the backend the run allowed."""
+    backend = (group[0]["result"].get("policy") or {}).get("sdpa_backend", "auto")
+    return "PyTorch's own choice of SDPA kernel" if backend == "auto" else f"SDPA on its {backend} kernel alone"
 
 
 def layer_table(records: list[dict[str, Any]]) -> str:
@@ -120,11 +132,15 @@ def layer_missing(records: list[dict[str, Any]], root: str | Path | None) -> lis
     for hw in sorted({r["result"]["hardware"] for r in records}):
         for mode in ("eager", s.compile_mode):
             todo = layer_todo(s, mode, hw)
-            count = sum(len(mechs) for _, mechs in todo)
+            count = sum(len(mechs) for _, mechs, policy in todo if not policy)
+            target = sum(len(mechs) for _, mechs, policy in todo if policy)
             line = f"- {hw}, {mode_name(mode)}: {count} of {total} setups missing"
+            if target:
+                line += f" (and {target} of the target run against FlashAttention-backed SDPA)"
             if todo:
-                line += "; next: " + "; ".join(f"n={sizes.max_len} batch={sizes.batch}: {', '.join(mechs)}"
-                                               for sizes, mechs in todo[:3])
+                line += "; next: " + "; ".join(f"n={sizes.max_len} batch={sizes.batch}"
+                                               + "".join(f" {k}={v}" for k, v in policy.items())
+                                               + f": {', '.join(mechs)}" for sizes, mechs, policy in todo[:3])
             lines.append(line)
     return lines
 
@@ -137,7 +153,8 @@ def layer_report(recipe: str, records: list[dict[str, Any]], root: str | Path | 
     for k, (title, group) in enumerate(layer_groups(records), 1):
         ours, bench = layer_verdicts(group)
         lines += [f"## {title}", "", *fenced(layer_table(group)), "Provenance:", *provenance_lines(group), "",
-                  "GPU targets (bf16):", *(f"- {v}" for v in ours or [f"none of these rows is at n={LAYER_TARGET_N}"]),
+                  f"GPU targets (bf16; × {baseline_text(group)}, where the target names FlashAttention-backed SDPA):",
+                  *(f"- {v}" for v in ours or [f"none of these rows is at n={LAYER_TARGET_N}"]),
                   ""]
         if bench:
             lines += ["The CPU targets of `posattn bench` (set in fp32) on these rows:",

@@ -166,6 +166,8 @@ def _rows(n: int, sizes: Sizes, specs: list[CaseSpec], times: dict[CaseSpec, dic
         row: dict[str, Any] = {"mechanism": spec.label, "kind": spec.kind, "n": n,
                                "path": paths.get(spec, ""), "threads": opts.threads,
                                **{k: v for k, v in sizes.__dict__.items() if k != "max_len"}}
+        if opts.policy:  # the fast-path Policy fields the whole run was under (a setup of its own)
+            row["policy"] = dict(opts.policy)
         for what in ("train", "infer"):
             t, b = times.get(spec, {}).get(what), times.get(ref, {}).get(what) if ref else None
             row[f"{what}_ms"] = median(t) * 1e3 if t else None

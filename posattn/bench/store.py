@@ -32,10 +32,13 @@ PROFILE_RECIPE = "gpu_profile"  # one profiled training step per setup (:mod:`.p
 SIZE_FIELDS = ("heads", "head_dim", "causal", "vocab", "layers", "d_ff", "dropout")
 
 
-def setup(bench: str, case: str, n: int, batch: int, sizes: Sizes, mode: str, hardware: str) -> dict[str, Any]:
-    """The content that identifies one measurement."""
+def setup(bench: str, case: str, n: int, batch: int, sizes: Sizes, mode: str, hardware: str,
+          policy: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The content that identifies one measurement; ``policy``: the fast-path Policy fields the
+    run was under (``posattn bench --policy``), part of the content only when there are some."""
     return {"bench": bench, "case": case, "n": n, "batch": batch, "dtype": sizes.dtype, "mode": mode,
-            "hardware": hardware, **{k: getattr(sizes, k) for k in SIZE_FIELDS}}
+            "hardware": hardware, **{k: getattr(sizes, k) for k in SIZE_FIELDS},
+            **({"policy": policy} if policy else {})}
 
 
 def missing(recipe: str, keys: list[dict[str, Any]], root: str | Path | None = None) -> list[dict[str, Any]]:
@@ -62,7 +65,7 @@ def publish_rows(recipe: str, bench: str, rows: list[dict[str, Any]], sizes: Siz
     if measured:
         publish_recipe(recipe, bench, prov, root)
     for row in measured:
-        key = setup(bench, row["mechanism"], row["n"], row["batch"], sizes, mode, prov["hardware"])
+        key = setup(bench, row["mechanism"], row["n"], row["batch"], sizes, mode, prov["hardware"], row.get("policy"))
         if store.publish(recipe, store.content_id(key), {**key, "row": row}, prov, root=root):
             written += 1
         else:

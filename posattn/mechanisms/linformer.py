@@ -113,7 +113,9 @@ class Linformer(Mechanism):
         if ok is not None:
             blocked = torch.zeros(ok.shape, dtype=q.dtype, device=q.device).masked_fill(~ok, float("-inf"))
             bias = blocked if bias is None else bias + blocked
-        return F.scaled_dot_product_attention(q, kp, vp, attn_mask=bias)
+        from ..attention.fast import sdpa  # the attention package imports the mechanisms' modules
+
+        return sdpa(q, kp, vp, bias)  # under the fast path's Policy.sdpa_backend
 
 
 @register("diet_abs_lin")

@@ -611,3 +611,42 @@ def test_attention_module_uses_policy_override() -> None:
         a = attn(x, ctx)
     attn.path = "reference"
     assert_close(a, attn(x, ctx), "layer output")
+
+
+def _sdpa_ops(fn: Any) -> set[str]:
+    """The SDPA operators one call of ``fn`` dispatched (forward and backward)."""
+    with torch.profiler.profile() as prof:
+        fn()
+    return {e.name for e in prof.events() if "scaled_dot_product" in e.name}
+
+
+@pytest.mark.parametrize("path", ["sdpa", "dense"])
+def test_sdpa_backend_restricts_the_kernel_and_keeps_the_numbers(path: str) -> None:
+    """``Policy.sdpa_backend`` sends every SDPA call of the path to that kernel alone (the CPU has
+    flash and math): the operator PyTorch dispatched changes, the output and the gradients do not
+    (float32, the flash kernel's own precision), eager and compiled; a kernel that cannot take
+    the inputs is one clear error, not a silent fallback."""
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 2, 24, 16, generator=g).requires_grad_() for _ in range(3))
+    terms = [] if path == "sdpa" else [Toeplitz(torch.randn(2, 47, generator=g))]
+
+    def step(backend: str, compiled: bool = False) -> list[torch.Tensor]:
+        for t in (q, k, v):
+            t.grad = None
+        policy = Policy(force=path, sdpa_backend=backend)  # type: ignore[arg-type]
+
+        def f() -> torch.Tensor:
+            return fast.attend(q, k, v, terms, None, False, policy=policy)
+        out = (torch.compile(f) if compiled else f)()
+        out.pow(2).sum().backward()
+        return [out.detach(), *(t.grad for t in (q, k, v))]  # type: ignore[list-item]
+
+    ops = {b: _sdpa_ops(lambda b=b: step(b)) for b in ("flash", "math")}
+    assert any("flash" in op for op in ops["flash"]) and not any("math" in op for op in ops["flash"])
+    assert any("math" in op for op in ops["math"]) and not any("flash" in op for op in ops["math"])
+    want = step("auto")
+    for got in (step("flash"), step("math"), step("math", compiled=True)):
+        for a, b, what in zip(got, want, ("output", "dq", "dk", "dv")):
+            assert_close(a, b, what, 1e-5)
+    with pytest.raises(posattn.PositionError, match="sdpa_backend='efficient'.*does not take these inputs"):
+        step("efficient")

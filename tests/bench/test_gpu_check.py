@@ -41,10 +41,10 @@ def tiny(tmp_path: Path, **kw: object) -> Settings:
 
 
 def test_layer_stage_stores_each_setup_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    s = tiny(tmp_path)
+    s = tiny(tmp_path, mechanisms=["absolute", "rope"])  # no mechanism of the layer target: no target run
     layer_stage(s, "eager", tmp_path / "rows.json")
     records = store.load(LAYER_RECIPE, s.results, kind="cell")
-    assert sorted(r["result"]["case"] for r in records) == ["rope", "sdpa", "t5"]
+    assert sorted(r["result"]["case"] for r in records) == ["absolute", "rope", "sdpa"]
     hw = store.hardware("cpu")
     for r in records:
         key = {k: r["result"][k] for k in r["result"] if k != "row"}
@@ -60,10 +60,38 @@ def test_layer_stage_stores_each_setup_once(tmp_path: Path, monkeypatch: pytest.
     monkeypatch.setattr(bench_run, "run", lambda opts, **kw: measured.append(opts.mechanisms) or real(opts, **kw))
     layer_stage(s, "eager", tmp_path / "rows.json")
     assert measured == []  # everything is in the store: nothing measured again
-    s.mechanisms = ["t5", "rope", "alibi"]
+    s.mechanisms = ["absolute", "rope", "sinusoidal"]
     layer_stage(s, "eager", tmp_path / "rows.json")
-    assert measured == [[["alibi"]]]  # only the missing setup (its baseline comes with it)
+    assert measured == [[["sinusoidal"]]]  # only the missing setup (its baseline comes with it)
     assert len(store.load(LAYER_RECIPE, s.results, kind="cell")) == 4  # the first sdpa record stands
+
+
+def test_the_layer_target_runs_first_against_flash_backed_sdpa(tmp_path: Path) -> None:
+    """The GPU layer target compares with FlashAttention-backed SDPA: the eager stage first times
+    the target's mechanisms with every SDPA call on the flash kernel (the baseline's too); those
+    records carry the Policy in their setup (beside, not instead of, the grid's records of the same
+    shape), the report shows them as a group of their own, and compiled runs have no such run."""
+    from posattn.bench.gpu_check import TARGET_POLICY, layer_todo
+    from posattn.bench.records import layer_groups, layer_missing
+
+    s = tiny(tmp_path, mechanisms=["alibi", "rope"])
+    first = layer_todo(s, "eager")
+    assert [(t[0].max_len, t[1], t[2]) for t in first] == [(16, ["alibi"], TARGET_POLICY), (16, ["alibi", "rope"], {})]
+    assert [t[2] for t in layer_todo(s, "default")] == [{}]
+    assert gpu_check.target_run(Settings(out=tmp_path, shapes=[(512, 16)]), ["alibi"]) == []  # not asked: no run
+    layer_stage(s, "eager", tmp_path / "rows.json")
+    assert layer_todo(s, "eager") == []
+    records = store.load(LAYER_RECIPE, s.results, kind="cell")
+    flash = sorted(r["result"]["case"] for r in records if r["result"].get("policy") == TARGET_POLICY)
+    assert flash == ["alibi", "sdpa"]
+    assert sorted(r["result"]["case"] for r in records if "policy" not in r["result"]) == ["alibi", "rope", "sdpa"]
+    target = next(r for r in records if r["result"].get("policy") and r["result"]["case"] == "sdpa")
+    assert "--policy sdpa_backend=flash" in target["provenance"]["command"]
+    titles = [title for title, _ in layer_groups(records)]
+    assert len(titles) == 2 and titles[1].endswith("fast path under sdpa_backend=flash")
+    from posattn.bench.records import LAYER_TARGETS  # the full grid's target run, at n = 4096: all missing
+
+    assert f"(and {len(LAYER_TARGETS)} of the target run" in " ".join(layer_missing(records, s.results))
 
 
 def test_rows_with_errors_are_not_stored(tmp_path: Path) -> None:

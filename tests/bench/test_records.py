@@ -52,6 +52,9 @@ def layer_store(tmp_path: Path) -> Path:
     publish_rows(LAYER_RECIPE, "layer", short, GRID, "eager", prov("posattn bench -n 512 (eager)", "2026-11-21"), root)
     compiled = [layer_row("sdpa", 4096, 7.0, 1.0), layer_row("alibi", 4096, 9.1, 1.3)]
     publish_rows(LAYER_RECIPE, "layer", compiled, GRID, "compile default", prov("posattn bench --compile"), root)
+    flash = [{**row, "policy": {"sdpa_backend": "flash"}}  # the target run: SDPA on FlashAttention-2
+             for row in (layer_row("sdpa", 4096, 9.0, 1.0), layer_row("alibi", 4096, 10.8, 1.2))]
+    publish_rows(LAYER_RECIPE, "layer", flash, GRID, "eager", prov("posattn bench --policy sdpa_backend=flash"), root)
     ab = [layer_row("sdpa", 512, 9.0, 1.0, batch=32), layer_row("dynamic_conv", 512, 30.0, 3.3, batch=32),
           layer_row("dynamic_conv [relative_bias=skew]", 512, 12.0, 1.3, batch=32)]  # the ab stage's shape
     publish_rows(LAYER_RECIPE, "layer", ab, Sizes(heads=12, dtype="bfloat16", dropout=0.1), "eager",
@@ -76,6 +79,12 @@ def test_layer_report_tables_targets_and_missing_setups(layer_store: Path, capsy
     assert "at n=4096, no record yet: " in eager and "tisa" in eager.split("no record yet: ")[1]
     # posattn bench's grid targets (issue 11) on the n = 512 row: train 1.10 ≤ 1.1, infer 1.04 ≤ 1.05
     assert "train ×1.10 ≤ 1.1 at n=512 batch=16 (layer): alibi: met" in eager
+    assert "GPU targets (bf16; × PyTorch's own choice of SDPA kernel, where the target names Flash" in eager
+    assert "sdpa_backend" not in eager  # the target run is a group of its own
+    flash = section(text, f"{GPU}, bfloat16, eager, batch 16 (4 heads × 64), fast path under sdpa_backend=flash")
+    assert table_line(flash, "alibi") == ["alibi", "10.8", "1.20", "1.0", "1.00"]
+    assert "× SDPA on its flash kernel alone" in flash and "(layer): alibi: met" in flash
+    assert "`posattn bench --policy sdpa_backend=flash` (2 records)" in flash
     assert "infer ×1.04 ≤ 1.05 at n=512 batch=16 (layer): alibi: met" in eager
     ab = section(text, f"{GPU}, bfloat16, eager, batch 32 (12 heads × 64, dropout 0.1)")
     assert table_line(ab, "dynamic_conv")[1:3] == ["30.0", "3.30"] and "[relative_bias=skew]  12.0" in ab
@@ -87,7 +96,12 @@ def test_layer_report_tables_targets_and_missing_setups(layer_store: Path, capsy
     # the grid: every registered mechanism × 6 shapes per mode, less the setups stored (sdpa is the baseline)
     total = len(registry.names()) * len(SHAPES)
     missing = section(text, "Setups of the grid still missing")
-    assert f"- {GPU}, eager: {total - 4} of {total} setups missing; next: n=4096 batch=16: tisa, fixed_conv," in missing
+    from posattn.bench.records import LAYER_TARGETS
+
+    targets = [m for m in registry.names() if m in LAYER_TARGETS and m != "alibi"]  # alibi's is stored
+    assert (f"- {GPU}, eager: {total - 4} of {total} setups missing (and {len(targets)} of the target run against "
+            f"FlashAttention-backed SDPA); next: n=4096 batch=16 sdpa_backend=flash: {', '.join(targets)}; "
+            "n=4096 batch=16: tisa, fixed_conv,") in missing
     # compiled runs hold 2 mechanisms each: alibi's run has t5 left
     assert (f"- {GPU}, compile default: {total - 1} of {total} setups missing; next: n=4096 batch=16: t5; "
             "n=4096 batch=16: tisa, fixed_conv;") in missing
@@ -107,7 +121,7 @@ def test_report_files_and_recipe_record(layer_store: Path, tmp_path: Path) -> No
     recipe = store.load(LAYER_RECIPE, layer_store, kind="recipe")
     assert [r["result"] for r in recipe] == [{"sweep": "bench", "config": {"bench": "layer"}, "cells_total": None}]
     got, text = build(LAYER_RECIPE, layer_store, out=tmp_path / "out")
-    assert got.counts() == f"{LAYER_RECIPE}: 11 cells present (the recipe's total is not known)"
+    assert got.counts() == f"{LAYER_RECIPE}: 13 cells present (the recipe's total is not known)"
     assert (tmp_path / "out" / "report.md").read_text() == text
     for name in ("layer-1.png", "layer-2.png", "results.json"):
         assert (tmp_path / "out" / name).stat().st_size > 0

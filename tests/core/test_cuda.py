@@ -118,3 +118,20 @@ def check_fast_against_reference(name, causal):
     for n in g_ref:
         scale = 1 + g_ref[n].abs().max()
         assert (g_ref[n] - g_fast[n]).abs().max() <= 5e-4 * scale, n
+
+
+@pytest.mark.parametrize("backend", ["flash", "cudnn"])
+def test_sdpa_backend_takes_that_kernel_on_cuda(backend):
+    """``Policy.sdpa_backend`` on CUDA (the GPU layer target's baseline is FlashAttention-backed
+    SDPA, where PyTorch's own choice was cuDNN's): the plain-SDPA layer's bf16 training step
+    dispatches that kernel and no other."""
+    from posattn.bench.cases import BASELINE, CaseSpec, Sizes, layer_case
+
+    sizes = Sizes(device="cuda", dtype="bfloat16", batch=2, max_len=256)
+    policy = fast.Policy(**{**fast.policy_for(torch.device("cuda")).__dict__, "sdpa_backend": backend})
+    with fast.using(policy):
+        case = layer_case(CaseSpec("layer", BASELINE, 256), sizes, record=False)
+        with torch.profiler.profile() as prof:
+            case.train()
+    ops = {e.name for e in prof.events() if e.name.startswith("aten::_scaled_dot_product")}
+    assert ops and all(backend in name for name in ops), ops
