@@ -5,7 +5,7 @@ each result as soon as it exists:
 
 1. ``tests``: the CUDA tests (pytest log);
 2. ``layer_eager``: first the layer target's mechanisms at n = 4096 against the baseline it
-   names, FlashAttention-backed SDPA (:func:`target_run`); then the one-block layer of every
+   names, FlashAttention-backed SDPA (:func:`target_runs`); then the one-block layer of every
    registered mechanism against plain SDPA (:mod:`.run`), every (n, batch) of :data:`SHAPES`,
    most useful shape first;
 3. ``layer_compiled``: the same with the steps compiled (``torch.compile``), the target
@@ -81,6 +81,7 @@ SHAPES = [(4096, 16), (512, 16), (128, 16), (512, 64), (128, 64), (4096, 64)]
 # stage's first run times the target mechanisms at n = 4096, batch 16 with every SDPA call on FlashAttention
 TARGET_SHAPE = (4096, 16)
 TARGET_POLICY: dict[str, Any] = {"sdpa_backend": "flash"}
+TARGET_GROUP = 5  # mechanisms per target run: the ones the target names first (COMPILE_FIRST); a kill loses one run
 # compiled first: the mechanisms the layer targets name, and the ones users train most
 COMPILE_FIRST = ["alibi", "t5", "tisa", "fixed_conv", "dynamic_conv", "rope", "absolute", "cat"]
 MODEL_MECHANISMS = ["alibi", "t5", "tisa", "fixed_conv", "dynamic_conv", "composite", "cat"]
@@ -236,22 +237,24 @@ def mode_name(mode: str) -> str:
     return mode if mode == "eager" else f"compile {mode}"
 
 
-def target_run(s: Settings, names: list[str]) -> list[tuple[int, int, list[str], dict[str, Any]]]:
-    """The eager stage's first run: the mechanisms of the GPU layer target at :data:`TARGET_SHAPE`
+def target_runs(s: Settings, names: list[str]) -> list[tuple[int, int, list[str], dict[str, Any]]]:
+    """The eager stage's first runs: the mechanisms of the GPU layer target at :data:`TARGET_SHAPE`
     under :data:`TARGET_POLICY` (n, batch, mechanisms, Policy overrides); none unless that shape is
-    one of ``s.shapes`` (tiny: the first of them)."""
+    one of ``s.shapes`` (tiny: the first of them), in runs of :data:`TARGET_GROUP`."""
     from .records import LAYER_TARGETS
 
     shape = s.shapes[0] if s.tiny else TARGET_SHAPE
     mechs = [m for m in names if m in LAYER_TARGETS]
-    return [(*shape, mechs, TARGET_POLICY)] if shape in s.shapes and mechs else []
+    if shape not in s.shapes or not mechs:
+        return []
+    return [(n, b, group, TARGET_POLICY) for n, b, group in layer_plan(mechs, [shape], TARGET_GROUP)]
 
 
 def layer_todo(s: Settings, mode: str, hw: str | None = None) -> list[tuple[Sizes, list[str], dict[str, Any]]]:
     """The layer runs of ``mode`` ("eager" or a compile mode) still to do on the hardware ``hw``
     (default: this machine's ``s.device``): (sizes with n as ``max_len`` and the batch, the
     mechanisms whose record is missing, the run's Policy overrides): eager first the
-    :func:`target_run`, then the grid in the order of :func:`layer_plan`."""
+    :func:`target_runs`, then the grid in the order of :func:`layer_plan`."""
     from .. import mechanisms as registry
     from ..experiments.store import hardware
     from .store import LAYER_RECIPE, missing, setup
@@ -259,7 +262,7 @@ def layer_todo(s: Settings, mode: str, hw: str | None = None) -> list[tuple[Size
     names = s.mechanisms or registry.names()
     sizes = layer_sizes(s)
     hw = hw or hardware(s.device)
-    runs = target_run(s, names) if mode == "eager" else []
+    runs = target_runs(s, names) if mode == "eager" else []
     runs += [(n, batch, group, {}) for n, batch, group in
              layer_plan(names, s.shapes, s.eager_group if mode == "eager" else s.compile_group)]
     out = []

@@ -71,14 +71,18 @@ def test_the_layer_target_runs_first_against_flash_backed_sdpa(tmp_path: Path) -
     the target's mechanisms with every SDPA call on the flash kernel (the baseline's too); those
     records carry the Policy in their setup (beside, not instead of, the grid's records of the same
     shape), the report shows them as a group of their own, and compiled runs have no such run."""
+    from posattn import mechanisms as registry
     from posattn.bench.gpu_check import TARGET_POLICY, layer_todo
-    from posattn.bench.records import layer_groups, layer_missing
+    from posattn.bench.records import LAYER_TARGETS, layer_groups, layer_missing
 
     s = tiny(tmp_path, mechanisms=["alibi", "rope"])
     first = layer_todo(s, "eager")
     assert [(t[0].max_len, t[1], t[2]) for t in first] == [(16, ["alibi"], TARGET_POLICY), (16, ["alibi", "rope"], {})]
     assert [t[2] for t in layer_todo(s, "default")] == [{}]
-    assert gpu_check.target_run(Settings(out=tmp_path, shapes=[(512, 16)]), ["alibi"]) == []  # not asked: no run
+    assert gpu_check.target_runs(Settings(out=tmp_path, shapes=[(512, 16)]), ["alibi"]) == []  # not asked: no run
+    runs = gpu_check.target_runs(Settings(out=tmp_path), registry.names())  # the issue's own names first
+    assert runs[0] == (4096, 16, ["alibi", "t5", "tisa", "fixed_conv", "dynamic_conv"], TARGET_POLICY)
+    assert sum(len(g) for _, _, g, _ in runs) == len(LAYER_TARGETS) and max(len(g) for _, _, g, _ in runs) <= 5
     layer_stage(s, "eager", tmp_path / "rows.json")
     assert layer_todo(s, "eager") == []
     records = store.load(LAYER_RECIPE, s.results, kind="cell")
@@ -89,8 +93,6 @@ def test_the_layer_target_runs_first_against_flash_backed_sdpa(tmp_path: Path) -
     assert "--policy sdpa_backend=flash" in target["provenance"]["command"]
     titles = [title for title, _ in layer_groups(records)]
     assert len(titles) == 2 and titles[1].endswith("fast path under sdpa_backend=flash")
-    from posattn.bench.records import LAYER_TARGETS  # the full grid's target run, at n = 4096: all missing
-
     assert f"(and {len(LAYER_TARGETS)} of the target run" in " ".join(layer_missing(records, s.results))
 
 
