@@ -235,6 +235,21 @@ def _model_options(args: argparse.Namespace, quick: dict, mechs: list | None) ->
                         profile=args.profile or 0)
 
 
+def setup_line(opts: BenchOptions) -> str:
+    """What every ratio of the run depends on beyond its rows: device, precision, threads, eager
+    or compiled, and the fast-path Policy fields the run (and an A/B arm) was under."""
+    def fields(policy: dict[str, Any]) -> str:
+        return " ".join(f"{k}={v}" for k, v in policy.items())
+
+    line = (f"posattn bench: {opts.sizes.device}, {opts.sizes.dtype}, {opts.threads} thread(s), "
+            f"{f'compile {opts.compile}' if opts.compile else 'eager'}")
+    if opts.policy:
+        line += f"; fast path under {fields(opts.policy)}"
+    if opts.ab:
+        line += f"; B arm under {fields(opts.ab)}"
+    return line
+
+
 def bench_command(args: argparse.Namespace) -> None:
     opts = None if args.conv else options(args)   # every bad option refused before anything is written
     args.out.mkdir(parents=True, exist_ok=True)
@@ -255,11 +270,11 @@ def bench_command(args: argparse.Namespace) -> None:
     rows = ordered(run(opts, partial=lambda rows: save_json(ordered(rows), args.out / "bench.json")))
     if args.models:
         rows = model_rows(rows)
-    text = model_table(rows) if args.models else table(rows)
+    text = setup_line(opts) + "\n\n" + (model_table(rows) if args.models else table(rows))
     checks = targets(rows, peer_matches())
     where = profiles_text(rows)
-    (args.out / "bench.txt").write_text(text + ("\n\n" + "\n".join(checks) if checks else "")
-                                        + ("\n\n" + where if where else "") + "\n")
+    write_text_atomic(args.out / "bench.txt", text + ("\n\n" + "\n".join(checks) if checks else "")
+                      + ("\n\n" + where if where else "") + "\n")
     save_json(rows, args.out / "bench.json")
     grids = grid_markdown(rows)
     if grids:

@@ -206,6 +206,10 @@ def test_policy_overrides(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
     rows = run_cli(tmp_path, "-m", "fixed_conv", "-n", "64", "--kinds", "layer", "--no-memory",
                    "--policy", "dense_max_n=0", "force=flash_bias", "grad_chunk=16")
     assert next(r for r in rows if r["mechanism"] == "fixed_conv")["path"] == "flash_bias"
+    assert all(r["policy"] == {"dense_max_n": 0, "force": "flash_bias", "grad_chunk": 16} for r in rows)
+    first = (tmp_path / "out" / "bench.txt").read_text().splitlines()[0]  # what the ratios were measured under
+    assert first.startswith("posattn bench: cpu, float32, ") and ", eager; " in first
+    assert first.endswith("fast path under dense_max_n=0 force=flash_bias grad_chunk=16")
     assert main(["bench", *TINY, "--policy", "nope=1", "dense_max_n"]) == 2
     err = capsys.readouterr().err
     assert "nope=1" in err and "dense_max_n" in err and "band_fraction" in err
