@@ -241,7 +241,7 @@ def target_runs(s: Settings, names: list[str]) -> list[tuple[int, int, list[str]
     """The eager stage's first runs: the mechanisms of the GPU layer target at :data:`TARGET_SHAPE`
     under :data:`TARGET_POLICY` (n, batch, mechanisms, Policy overrides); none unless that shape is
     one of ``s.shapes`` (tiny: the first of them), in runs of :data:`TARGET_GROUP`."""
-    from .records import LAYER_TARGETS
+    from .report import LAYER_TARGETS
 
     shape = s.shapes[0] if s.tiny else TARGET_SHAPE
     mechs = [m for m in names if m in LAYER_TARGETS]

@@ -20,15 +20,21 @@ from ..errors import PositionError
 from ..experiments import store
 from ..runtime.files import write_json_atomic
 from .models import HF_MODELS, model_name
-from .report import COLUMNS, MODEL_COLUMNS, SCORE_TERM_GRID_BY_CLASS, by_mechanism, grid_targets, plot, table, targets
+from .report import (
+    COLUMNS,
+    LAYER_TARGET_N,
+    LAYER_TARGETS,
+    MODEL_COLUMNS,
+    SCORE_TERM_GRID_BY_CLASS,
+    by_mechanism,
+    grid_targets,
+    plot,
+    table,
+    targets,
+)
 from .spec import BASELINE
 from .store import LAYER_RECIPE, MODEL_RECIPE
 
-# GPU target, layer at n = 4096 (GPU, bf16): the score terms that add a fixed or tabulated bias
-# (ALiBi, T5, TISA, the relative convolutions) cost at most 1.25× plain SDPA's training step.
-LAYER_TARGET_BY_CLASS: dict[str, float] = dict.fromkeys(["fixed_bias", "learned_table", "relative_embedding"], 1.25)
-LAYER_TARGETS: dict[str, float] = by_mechanism(LAYER_TARGET_BY_CLASS)
-LAYER_TARGET_N = 4096
 # GPU target, whole encoder: a score-term mechanism's step ≤ 1.10× the posattn encoder with
 # ``absolute`` (same run), the convolutions and CAT ≤ 1.25×: the pretraining-shape grid's split of the cost classes.
 MODEL_TARGETS: dict[str, float] = {name: train for name, (train, _) in by_mechanism(SCORE_TERM_GRID_BY_CLASS).items()}

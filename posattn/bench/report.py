@@ -45,6 +45,12 @@ def goal_of(targets: dict[str, Any], label: str) -> Any:
 
 TRAIN_TARGETS: dict[str, float] = by_mechanism(TRAIN_TARGET_BY_CLASS)
 TARGET_N = 4096
+# GPU target, layer at n = 4096 (GPU, bf16; :mod:`.records` judges it, :mod:`.gpu_check` measures it
+# first): the score terms that add a fixed or tabulated bias (ALiBi, T5, TISA, the relative
+# convolutions) cost at most 1.25× the training step of FlashAttention-backed SDPA.
+LAYER_TARGET_BY_CLASS: dict[str, float] = dict.fromkeys(["fixed_bias", "learned_table", "relative_embedding"], 1.25)
+LAYER_TARGETS: dict[str, float] = by_mechanism(LAYER_TARGET_BY_CLASS)
+LAYER_TARGET_N = 4096
 MEMORY_PAIR = (4096, 16384)
 MEMORY_RATIO = 5.0
 PEER_N = 2048

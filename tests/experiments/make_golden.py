@@ -9,6 +9,8 @@ to 1 on a CPU). Regenerate only on purpose, when a change is meant to alter resu
 
 Losses and accuracies are compared as floats (JSON keeps every bit of a float); weights as a
 SHA-256 digest of every tensor (name, dtype, shape and bytes). Times and speeds are left out.
+``machine`` names the kind of CPU they were made on (:func:`machine`): bits hold on that kind
+only, since PyTorch's CPU kernels take other instruction paths on another and round differently.
 """
 from __future__ import annotations
 
@@ -100,6 +102,13 @@ def finetune_values(root: Path) -> dict[str, Any]:
     return values
 
 
+def machine() -> str:
+    """The kind of CPU (``AMD EPYC``), as the results store names hardware but for the core count."""
+    from posattn.experiments.store import hardware
+
+    return hardware("cpu").rsplit(",", 1)[0]
+
+
 def pinned_values(root: Path) -> dict[str, Any]:
     """Every pinned value, computed in ``root`` (an empty scratch folder)."""
     return {"compare": compare_values(root), "pretrain": pretrain_values(root), "finetune": finetune_values(root)}
@@ -108,7 +117,7 @@ def pinned_values(root: Path) -> dict[str, Any]:
 def main() -> None:
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as tmp:
-        values = pinned_values(Path(tmp))
+        values = {**pinned_values(Path(tmp)), "machine": machine()}
     GOLDEN.write_text(json.dumps(values, indent=1, sort_keys=True) + "\n")
     print(f"wrote {GOLDEN}")
 
