@@ -26,7 +26,7 @@ from .peers import skipped as skipped_peers
 from .profile import profiles_text
 from .report import grid_markdown, model_table, ordered, plot, save_json, table, targets
 from .run import KINDS, BenchOptions, conv_rows, peer_matches, run
-from .spec import BASELINE
+from .spec import BASELINE, fields_text
 
 QUICK = dict(lengths=[64, 128], heads=2, head_dim=16, repeats=2, warmup=1)
 
@@ -238,15 +238,12 @@ def _model_options(args: argparse.Namespace, quick: dict, mechs: list | None) ->
 def setup_line(opts: BenchOptions) -> str:
     """What every ratio of the run depends on beyond its rows: device, precision, threads, eager
     or compiled, and the fast-path Policy fields the run (and an A/B arm) was under."""
-    def fields(policy: dict[str, Any]) -> str:
-        return " ".join(f"{k}={v}" for k, v in policy.items())
-
     line = (f"posattn bench: {opts.sizes.device}, {opts.sizes.dtype}, {opts.threads} thread(s), "
             f"{f'compile {opts.compile}' if opts.compile else 'eager'}")
     if opts.policy:
-        line += f"; fast path under {fields(opts.policy)}"
+        line += f"; fast path under {fields_text(opts.policy)}"
     if opts.ab:
-        line += f"; B arm under {fields(opts.ab)}"
+        line += f"; B arm under {fields_text(opts.ab)}"
     return line
 
 

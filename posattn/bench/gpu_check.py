@@ -56,6 +56,7 @@ from ..runtime.compile import COMPILE_MODES
 from ..runtime.files import check_name, write_bytes_atomic, write_text_atomic
 from .cases import Sizes, spec_label
 from .report import save_json
+from .spec import fields_text
 from .throughput import EAGER  # GPU_CHECK_CAT_COMPILE's name for no torch.compile, as --compile-modes'
 
 STAGES = ("tests", "layer_eager", "layer_compiled", "models", "profile", "ab", "throughput", "cat")
@@ -285,7 +286,7 @@ def layer_stage(s: Settings, mode: str, rows_out: Path) -> None:
 
     compiled = mode != "eager"
     for sizes, todo, policy in layer_todo(s, mode):
-        overrides = " ".join(f"{k}={v}" for k, v in policy.items())
+        overrides = fields_text(policy)
         where = f"layer {mode_name(mode)} n={sizes.max_len} batch={sizes.batch}" + (f" {overrides}" if policy else "")
         _log(f"{where}: {', '.join(todo)}")
         opts = BenchOptions(mechanisms=[[m] for m in todo], lengths=[sizes.max_len], kinds=("layer",), sizes=sizes,
@@ -513,7 +514,7 @@ def ab_stage(s: Settings, rows_out: Path) -> None:
 
     for sizes, mechs, ab in ab_todo(s):
         n = sizes.max_len
-        overrides = " ".join(f"{k}={v}" for k, v in ab.items())
+        overrides = fields_text(ab)
         where = f"ab n={n} batch={sizes.batch} heads={sizes.heads} dropout={sizes.dropout}"
         _log(f"{where}: {', '.join(mechs)} against --ab {overrides}")
         opts = BenchOptions(mechanisms=[[m] for m in mechs], lengths=[n], kinds=("layer",), sizes=sizes,
@@ -634,7 +635,7 @@ class Driver:
             return "every setup in the store"
         sizes, mechs, policy = todo[0]
         return (f"{sum(len(t) for _, t, _ in todo)} setups left, next: n={sizes.max_len} batch={sizes.batch} "
-                f"{', '.join(mechs)}" + "".join(f" {k}={v}" for k, v in policy.items()))
+                f"{', '.join(mechs)}" + (f" {fields_text(policy)}" if policy else ""))
 
     def me(self, *args: str) -> list[str]:
         return [sys.executable, "-m", "posattn.cli", "gpu-check", "--out", str(self.s.out), *args]

@@ -32,7 +32,7 @@ from .report import (
     table,
     targets,
 )
-from .spec import BASELINE
+from .spec import BASELINE, fields_text
 from .store import LAYER_RECIPE, MODEL_RECIPE
 
 # GPU target, whole encoder: a score-term mechanism's step ≤ 1.10× the posattn encoder with
@@ -68,7 +68,8 @@ def layer_groups(records: list[dict[str, Any]]) -> list[tuple[str, list[dict[str
     for r in records:
         res = r["result"]
         key = (res["hardware"], res["dtype"], res["mode"] != "eager", res["mode"], res["batch"], res["heads"],
-               res["head_dim"], res["causal"], res["dropout"], policy_text(res.get("policy")))
+               res["head_dim"], res["causal"], res["dropout"],
+               fields_text(dict(sorted((res.get("policy") or {}).items()))))
         groups.setdefault(key, []).append(r)
     out = []
     for (hw, dtype, _, mode, batch, heads, head_dim, causal, dropout, policy), group in sorted(groups.items()):
@@ -77,11 +78,6 @@ def layer_groups(records: list[dict[str, Any]]) -> list[tuple[str, list[dict[str
                  f"{f', fast path under {policy}' if policy else ''}")
         out.append((title, group))
     return out
-
-
-def policy_text(policy: dict[str, Any] | None) -> str:
-    """``{"sdpa_backend": "flash"}`` -> ``sdpa_backend=flash`` ("" for none)."""
-    return " ".join(f"{k}={v}" for k, v in sorted((policy or {}).items()))
 
 
 def baseline_text(group: list[dict[str, Any]]) -> str:
@@ -145,7 +141,7 @@ def layer_missing(records: list[dict[str, Any]], root: str | Path | None) -> lis
                 line += f" (and {target} of the target run against FlashAttention-backed SDPA)"
             if todo:
                 line += "; next: " + "; ".join(f"n={sizes.max_len} batch={sizes.batch}"
-                                               + "".join(f" {k}={v}" for k, v in policy.items())
+                                               + (f" {fields_text(policy)}" if policy else "")
                                                + f": {', '.join(mechs)}" for sizes, mechs, policy in todo[:3])
             lines.append(line)
     return lines

@@ -62,8 +62,7 @@ class CaseSpec:
     @property
     def label(self) -> str:
         if self.policy:
-            overrides = ",".join(f"{k}={v}" for k, v in json.loads(self.policy).items())
-            return f"{replace(self, policy='').label} [{overrides}]"
+            return f"{replace(self, policy='').label} [{fields_text(json.loads(self.policy), ',')}]"
         if self.kind == "model" and self.name.startswith("["):
             kind, mechanisms = json.loads(self.name)
             return f"{kind}({spec_label(mechanisms)})"
@@ -80,12 +79,18 @@ class Case:
     path: str = ""  # the fast-path algorithm(s) the attention used: "train path / inference path"
 
 
+def fields_text(fields: dict[str, Any], sep: str = " ") -> str:
+    """``{"use_flex": False, "relative_bias": "skew"}`` -> ``use_flex=False relative_bias=skew``
+    (a label's options and overrides: ``sep=","``; "" for none)."""
+    return sep.join(f"{k}={v}" for k, v in fields.items())
+
+
 def spec_label(specs: list[Any]) -> str:
     """``t5``, ``tisa(n_kernels=3)``, ``cat+tisa``."""
     out = []
     for s in specs:
         p = Spec.parse(s)
-        opts = ",".join(f"{k}={v}" for k, v in p.options.items())
+        opts = fields_text(p.options, ",")
         out.append(f"{p.name}({opts})" if opts else p.name)
     return "+".join(out)
 
