@@ -77,6 +77,12 @@ def kernels() -> ModuleType | None:
         return None
 
 
+def ready() -> bool:
+    """Whether the kernels run here now: :func:`enabled` and built. The one check for callers that
+    ``torch.compile`` may trace: :func:`enabled` answers False there before the cached
+    :func:`kernels` is reached (dynamo traces through a cache wrapper and warns that it did)."""
+    return enabled() and kernels() is not None
+
 def _load(build: Path) -> ModuleType:
     """Compile (if torch finds the sources or flags changed) and import the module from ``build``."""
     from torch.utils.cpp_extension import load

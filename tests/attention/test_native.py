@@ -6,6 +6,7 @@ import os
 import shutil
 import subprocess
 import sys
+import warnings
 
 import pytest
 import torch
@@ -131,6 +132,24 @@ def test_turned_off_by_the_environment(monkeypatch):
         monkeypatch.delenv("POSATTN_NATIVE")
         native.kernels.cache_clear()
 
+
+
+def test_compiled_code_finds_the_kernels_off_without_tracing_their_build(lib):
+    """Inside ``torch.compile`` the kernels are off (dynamo cannot trace a C++ extension), and the
+    one check, :func:`native.ready`, says so before reaching the cached build: tracing through the
+    cache would warn the user on every compiled run that takes a convolution."""
+    from posattn.mechanisms.conv import conv_method
+
+    x = torch.randn(1, 8, 4)
+    assert native.ready() and conv_method(3, x) == "native"
+    torch._dynamo.reset()
+    step = torch.compile(lambda x: x * native.ready() + (conv_method(3, x) == "native"), backend="eager",
+                         fullgraph=True)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        out = step(x)
+    assert torch.equal(out, torch.zeros_like(x))
+    assert [str(w.message) for w in seen if "posattn" in str(w.message)] == []
 
 def test_a_killed_build_does_not_hang_the_next(lib, tmp_path):
     """A build killed mid-way leaves torch's ``lock`` file behind, on which torch waits forever;
