@@ -36,7 +36,7 @@ class _HashDropout(torch.autograd.Function):
 
 def hashed(x: Tensor) -> bool:
     """Whether :func:`dropout` takes the counter-based kernel for ``x``."""
-    return x.device.type == "cpu" and x.dtype in (torch.float32, torch.float64) and native.ready()
+    return x.device.type == "cpu" and x.dtype in (torch.float32, torch.float64) and native.kernels() is not None
 
 
 def dropout(x: Tensor, p: float, training: bool) -> Tensor:

@@ -251,7 +251,7 @@ def _fusable(q: Tensor, rest: list[Term], policy: Policy) -> bool:
     1.03 against 1.06; at n = 128 they tie): flash-bias with the fused backward, or, with
     padding, the fused path."""
     return (policy.native and q.device.type == "cpu" and q.dtype == torch.float32 and all(t.fusable() for t in rest)
-            and native.ready())
+            and native.kernels() is not None)
 
 
 def _low_rank_as_bias(q: Tensor, low: list[LowRank], policy: Policy) -> bool:
@@ -335,7 +335,7 @@ def run(path: Path, q: Tensor, k: Tensor, v: Tensor, terms: list[Term], keep: Te
         for t in rest + low:
             if not t.fusable():
                 raise refused(path, t, "the fused kernels do not take this one (Term.fusable)")
-        if not native.ready():
+        if native.kernels() is None:
             raise PositionError("the fused attention path needs the C++ kernels, which did not build here")
         return fused_attention(q * scale, k, v, kernel_inputs(rest + low), keep, causal)
     q2, k2, v2 = fold_low_rank(q, k, v, low, scale, policy.width_multiple)

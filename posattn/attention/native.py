@@ -54,9 +54,16 @@ def enabled() -> bool:
             and torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512"))
 
 
-@functools.cache
 def kernels() -> ModuleType | None:
-    """The compiled module, or None (with one warning) where it cannot be built or is turned off."""
+    """The compiled module, or None (with one warning) where it cannot be built or is turned off;
+    None while ``torch.compile`` traces (see :func:`enabled`), answered before the cached build, so
+    that dynamo never traces through the cache (it warns each compiled run that it did)."""
+    return None if torch.compiler.is_compiling() else _kernels()
+
+
+@functools.cache
+def _kernels() -> ModuleType | None:
+    """:func:`kernels` outside ``torch.compile``: built or loaded once per process."""
     if not enabled():
         return None
     try:
@@ -73,15 +80,9 @@ def kernels() -> ModuleType | None:
         warnings.warn(f"posattn: the fused CPU kernels could not be built ({type(e).__name__}: "
                       f"{str(e).strip().splitlines()[-1] if str(e).strip() else ''}); using the PyTorch "
                       f"backward (slower for learned position tables). POSATTN_NATIVE=0 silences this.",
-                      stacklevel=2)
+                      stacklevel=3)
         return None
 
-
-def ready() -> bool:
-    """Whether the kernels run here now: :func:`enabled` and built. The one check for callers that
-    ``torch.compile`` may trace: :func:`enabled` answers False there before the cached
-    :func:`kernels` is reached (dynamo traces through a cache wrapper and warns that it did)."""
-    return enabled() and kernels() is not None
 
 def _load(build: Path) -> ModuleType:
     """Compile (if torch finds the sources or flags changed) and import the module from ``build``."""

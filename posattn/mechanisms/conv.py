@@ -57,7 +57,7 @@ def _compiled_ok(x: Tensor) -> bool:
 
 
 def _native_ok(x: Tensor) -> bool:
-    return x.device.type == "cpu" and x.dtype == torch.float32 and native.ready()
+    return x.device.type == "cpu" and x.dtype == torch.float32 and native.kernels() is not None
 
 
 def conv_shift(x: Tensor, w: Tensor, left: int) -> Tensor:

@@ -125,31 +125,31 @@ def test_not_used_where_it_does_not_apply(calls):
 
 def test_turned_off_by_the_environment(monkeypatch):
     monkeypatch.setenv("POSATTN_NATIVE", "0")
-    native.kernels.cache_clear()
+    native._kernels.cache_clear()
     try:
         assert not native.enabled() and native.kernels() is None
     finally:
         monkeypatch.delenv("POSATTN_NATIVE")
-        native.kernels.cache_clear()
-
+        native._kernels.cache_clear()
 
 
 def test_compiled_code_finds_the_kernels_off_without_tracing_their_build(lib):
-    """Inside ``torch.compile`` the kernels are off (dynamo cannot trace a C++ extension), and the
-    one check, :func:`native.ready`, says so before reaching the cached build: tracing through the
-    cache would warn the user on every compiled run that takes a convolution."""
+    """Inside ``torch.compile`` the kernels are off (dynamo cannot trace a C++ extension), and
+    :func:`native.kernels` says so before reaching its cached build: tracing through the cache
+    would warn the user on every compiled run that takes a convolution."""
     from posattn.mechanisms.conv import conv_method
 
     x = torch.randn(1, 8, 4)
-    assert native.ready() and conv_method(3, x) == "native"
+    assert conv_method(3, x) == "native"
     torch._dynamo.reset()
-    step = torch.compile(lambda x: x * native.ready() + (conv_method(3, x) == "native"), backend="eager",
-                         fullgraph=True)
+    step = torch.compile(lambda x: x * (native.kernels() is not None) + (conv_method(3, x) == "native"),
+                         backend="eager", fullgraph=True)
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
         out = step(x)
     assert torch.equal(out, torch.zeros_like(x))
     assert [str(w.message) for w in seen if "posattn" in str(w.message)] == []
+
 
 def test_a_killed_build_does_not_hang_the_next(lib, tmp_path):
     """A build killed mid-way leaves torch's ``lock`` file behind, on which torch waits forever;

@@ -22,9 +22,9 @@ def fake_build(tmp_path, monkeypatch):
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
     monkeypatch.setattr(native, "enabled", lambda: True)
     monkeypatch.setattr(native, "_load", lambda build: calls.append(build) or MODULE)
-    native.kernels.cache_clear()
+    native._kernels.cache_clear()
     yield calls
-    native.kernels.cache_clear()
+    native._kernels.cache_clear()
 
 
 def test_a_first_build_says_so_and_a_built_folder_loads_quietly(fake_build, capsys):
@@ -33,14 +33,14 @@ def test_a_first_build_says_so_and_a_built_folder_loads_quietly(fake_build, caps
     assert err[0] == ("posattn: building posattn's fused CPU kernels (first use in this environment, about 1-3 "
                       "minutes)...")
     assert err[-1].startswith("posattn: fused CPU kernels built in ") and err[-1].endswith(" s")
-    native.kernels.cache_clear()
+    native._kernels.cache_clear()
     assert native.kernels() is MODULE and capsys.readouterr().err == ""   # the next process: built already
     assert len(fake_build) == 2   # torch's loader still runs (it rebuilds what changed)
 
 
 def test_changed_sources_announce_a_rebuild(fake_build, capsys, monkeypatch):
     native.kernels()
-    native.kernels.cache_clear()
+    native._kernels.cache_clear()
     monkeypatch.setattr(native, "_digest", lambda: "-DPOSATTN_CSRC=changed")
     capsys.readouterr()
     native.kernels()

@@ -41,7 +41,8 @@ def test_results_are_bit_identical_to_the_golden_values(tmp_path):
     now = json.loads(json.dumps(pinned_values(tmp_path)))     # tuples as lists, keys as strings, as in the file
     exact = machine() == golden["machine"]
     for part in ("compare", "pretrain", "finetune"):
-        assert not differences(now[part], golden[part], exact), (part, differences(now[part], golden[part], exact)[:5])
+        found = differences(now[part], golden[part], exact)
+        assert not found, (part, found[:5])
 
 
 def test_the_comparison_tells_rounding_from_a_change() -> None:
