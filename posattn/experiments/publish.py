@@ -4,8 +4,9 @@ Every finished cell becomes ``results/<recipe>/<id>.json`` with its provenance: 
 finished (where its result records one, else today), the hardware (where the run records its
 device, that device's name, else this machine's accelerator or CPU) and the command that ran it
 (read from the run folder's config). Ids come from the cells' settings, so cells from any
-machine merge by id and a cell already in the store is kept as it is. Beside the cells,
-``recipe.json`` records the kind of sweep and its config, so that ``posattn report`` can lay out
+machine merge by id and a cell already in the store is kept as it is; a cell of another config
+left in the folder (one reused for another sweep) is not copied, and the summary names it.
+Beside the cells, ``recipe.json`` records the kind of sweep and its config, so that ``posattn report`` can lay out
 the recipe's tables; cells of another config under the same recipe name are refused. The rows of
 a ``posattn eval-lm`` folder are stored as ``lengths`` records of the pretraining recipe they
 evaluate (its ``recipe.json`` is left as it is).
@@ -37,6 +38,7 @@ class Added:
     present: int = 0
     unfinished: int | None = None
     trimmed: list[str] = field(default_factory=list)   # ids whose history was dropped to fit the cap
+    other: list[str] = field(default_factory=list)     # finished cells of another config in the folder
 
     def __str__(self) -> str:
         left = "an unknown number of" if self.unfinished is None else str(self.unfinished)
@@ -45,6 +47,9 @@ class Added:
         if self.trimmed:
             text += (f"; per-step history dropped from {len(self.trimmed)} record(s) over the store's "
                      f"{store.MAX_BYTES:,}-byte cap: {', '.join(self.trimmed)}")
+        if self.other:
+            text += (f"; {len(self.other)} finished cell(s) of another config than the folder's config.yaml "
+                     f"left out: {', '.join(self.other)}")
         return text
 
 
@@ -152,7 +157,8 @@ def add_run(folder: str | Path, recipe: str | None = None, root: str | Path | No
     kind = "lengths" if run.sweep == "eval-lm" else "cell"
     if kind == "cell":
         _publish_recipe(run, recipe, base, root)
-    added = Added(recipe, unfinished=None if run.total is None else max(0, run.total - len(run.cells)))
+    added = Added(recipe, unfinished=None if run.total is None else max(0, run.total - len(run.cells)),
+                  other=run.other)
     for cell_id, result in run.cells.items():
         kept, trimmed = small(result)
         prov = {**base, "date": finish_date(result) or base["date"]}

@@ -21,10 +21,9 @@ Only small result files are read: no model, checkpoint or tensor file is opened.
 """
 from __future__ import annotations
 
-import math
 import re
 import shlex
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +39,9 @@ TABLE3_PROTOCOL = re.compile(r"^(?P<tasks>\d+) tasks \((?P<names>[^)]*)\), (?P<s
 class Run:
     """A run folder read back: ``cells`` maps each finished cell's id to its result record;
     ``total`` is how many cells the recipe has in all (None where the folder cannot tell);
-    ``config`` is what ``posattn report`` needs to lay out the recipe's tables."""
+    ``config`` is what ``posattn report`` needs to lay out the recipe's tables; ``other`` lists
+    the finished cells the folder holds of another config than its own (a sweep's folder reused
+    for another one), which belong to none of its recipe's cells and are left out."""
 
     folder: Path
     sweep: str
@@ -50,6 +51,7 @@ class Run:
     total: int | None
     command: str
     device: str | None = None
+    other: list[str] = field(default_factory=list)
 
 
 def _mapping(value: Any, path: Path, keys: tuple[str, ...]) -> dict[str, Any]:
@@ -82,26 +84,27 @@ def read_run(folder: str | Path) -> Run:
 
 
 def _compare(folder: Path, config: dict[str, Any]) -> Run:
-    from posattn.synthetic.compare import builtin_configs, load_config, missing_lengths, validate_config
+    from posattn.synthetic.compare import builtin_configs, expand, load_config, missing_lengths, validate_config
 
     name = str(config.get("name"))
     lengths = config.get("test_lengths") or {}
-    cells = {}
+    try:
+        ids = {cell.id for cell in expand(config)}
+    except (KeyError, TypeError) as e:
+        raise PositionError(f"{folder / 'config.yaml'}: not a compare sweep's config (no {e})") from None
+    cells, other = {}, []
     for path in sorted((folder / "cells").glob("*/result.json")):
         result = _mapping(read_json(path), path, ("id", "train_length", "accuracy"))
         if result["id"] != path.parent.name:
             raise PositionError(f"{path}: its id {result['id']!r} is not its folder's name")
-        if not missing_lengths(result, lengths.get(str(result["train_length"]), [None])):
+        if result["id"] not in ids:     # a cell of another config run into this folder before
+            other.append(result["id"])
+        elif not missing_lengths(result, lengths.get(str(result["train_length"]), [None])):
             cells[result["id"]] = result
-    try:
-        total = math.prod(len(config[k]) for k in ("seeds", "train_length", "d_model", "models")) \
-            * len(config["training"]["lr"])
-    except (KeyError, TypeError) as e:
-        raise PositionError(f"{folder / 'config.yaml'}: not a compare sweep's config (no {e})") from None
     builtin = name in builtin_configs() and validate_config(load_config(name)).config == config
     out = "" if folder == Path(f"runs/compare-{name}") else f" --out {shlex.quote(str(folder))}"
     command = f"posattn compare {name if builtin else name + '.yaml'}{out}"   # a config file is named by its sweep
-    return Run(folder, "compare", name, config, cells, total, command)
+    return Run(folder, "compare", name, config, cells, len(ids), command, other=other)
 
 
 def _finetune(folder: Path, config: dict[str, Any]) -> Run:

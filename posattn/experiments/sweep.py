@@ -15,7 +15,7 @@ does the rest the same way for every sweep:
   as finished and are not run; the summary holds them with the cells of the run folder;
 - **report only**: run nothing, summarise the cells finished so far (one ConfigError if none is);
 - ``config.yaml`` (the sweep's normalized config, for recipes that have one) written atomically,
-  and a progress bar over the cells.
+  in a folder that holds no other sweep's run, and a progress bar over the cells.
 """
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ import yaml
 from tqdm.auto import tqdm
 
 from posattn.errors import PositionError
-from posattn.experiments.config import ConfigError
+from posattn.experiments.config import ConfigError, read_yaml
 from posattn.experiments.executors import Executor, LocalExecutor, NotStarted, budget_note
 from posattn.runtime.files import write_text_atomic
 
@@ -76,6 +76,16 @@ class Recipe:
     summary_each_cell: bool = False
 
 
+def _check_folder(out: Path, recipe: Recipe) -> None:
+    """One error if ``out`` holds the run of another sweep (another name in its ``config.yaml``):
+    its config, summary and cells are not this sweep's to overwrite or resume. A changed config of
+    the same sweep is fine: its cells are new ids beside the old ones."""
+    path = out / "config.yaml"
+    if path.is_file() and (old := read_yaml(path).get("name")) != (new := recipe.config.get("name")):
+        raise PositionError(f"{out} holds the run of sweep {old!r}, not of {new!r}: give {recipe.title} "
+                            f"another output folder (--out)")
+
+
 def run(recipe: Recipe, out: str | Path, executor: Executor | None = None, *, progress: bool = True,
         report_only: bool = False, only: Collection[str] | None = None,
         stored: Mapping[str, dict[str, Any]] | None = None,
@@ -108,6 +118,7 @@ def run(recipe: Recipe, out: str | Path, executor: Executor | None = None, *, pr
         raise PositionError(f"{recipe.title} has no cell {', '.join(unknown)}")
     out.mkdir(parents=True, exist_ok=True)
     if recipe.config is not None:
+        _check_folder(out, recipe)
         write_text_atomic(out / "config.yaml", yaml.safe_dump(recipe.config, sort_keys=False))
     executor = executor or LocalExecutor()
     order = sorted(range(total), key=lambda i: recipe.cells[i].wave)     # stable: cell order within a wave

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from functools import partial
 from itertools import product
 from pathlib import Path
@@ -31,7 +31,7 @@ from posattn.runtime.files import write_json_atomic
 from posattn.runtime.lock import run_lock
 from posattn.synthetic.generators import drop_overlap, generate
 from posattn.synthetic.report import write_summary
-from posattn.synthetic.schema import MODEL_KEYS, CompareConfig
+from posattn.synthetic.schema import MODEL_KEYS, CompareConfig, task_params_at
 from posattn.synthetic.train import TrainConfig, evaluate, resolve_device, train
 
 DEFAULT_CONFIG = "default"
@@ -107,25 +107,30 @@ def validate_config(raw: dict[str, Any]) -> Sweep:
     spec, problems = config_loader.check(CompareConfig, raw)
     config_loader.fail("compare config", problems)
     test_lengths = spec.lengths()
-    specs = spec.row_specs()
     given = spec.training.model_fields_set - {"lr"}
-    base = TrainConfig(**{k: getattr(spec.training, k) for k in given})
-    lrs = [float(lr) for lr in spec.training.lr]
-    examples = spec.examples.model_dump()
-    cells = [Cell(task=spec.task, task_params=spec.task_params_at(n), vocab_size=spec.vocab_size, train_length=n,
-                  examples=examples, data_seed=spec.data_seed, label=s["label"], mechanisms=s["mechanisms"],
-                  layers=s["layers"], d_model=d, **{k: s[k] for k in MODEL_KEYS},
-                  training=asdict(replace(base, lr=lr, seed=seed)))
-             for seed, n, d, s, lr in product(spec.seeds, spec.train_length, spec.d_model, specs, lrs)]
-    training = {k: v for k, v in asdict(base).items() if k != "seed"}
+    training = {k: v for k, v in asdict(TrainConfig(**{k: getattr(spec.training, k) for k in given})).items()
+                if k != "seed"}
     config = {"name": spec.name, "task": spec.task, "task_params": spec.task_params,
               "vocab_size": spec.vocab_size, "train_length": spec.train_length,
-              "test_lengths": {str(k): v for k, v in test_lengths.items()}, "examples": examples,
+              "test_lengths": {str(k): v for k, v in test_lengths.items()}, "examples": spec.examples.model_dump(),
               "data_seed": spec.data_seed, "seeds": spec.seeds, "d_model": spec.d_model,
-              "models": [{k: v for k, v in s.items() if k != "where"} for s in specs],
-              "training": {**training, "lr": lrs},
+              "models": [{k: v for k, v in s.items() if k != "where"} for s in spec.row_specs()],
+              "training": {**training, "lr": [float(lr) for lr in spec.training.lr]},
               "claims": [c.to_dict() for c in parse_claims(spec.claims, [], optional=("at",))]}
-    return Sweep(name=config["name"], config=config, cells=cells, test_lengths=test_lengths)
+    return Sweep(name=config["name"], config=config, cells=expand(config), test_lengths=test_lengths)
+
+
+def expand(config: dict[str, Any]) -> list[Cell]:
+    """The cells of a normalized config (:attr:`Sweep.config`, as ``config.yaml`` and the results store
+    hold it), seed by seed: the one expansion, so that the ids of a run folder's or the store's
+    config are those its sweep trained."""
+    training = {k: v for k, v in config["training"].items() if k != "lr"}
+    return [Cell(task=config["task"], task_params=task_params_at(config["task_params"], n),
+                 vocab_size=config["vocab_size"], train_length=n, examples=config["examples"],
+                 data_seed=config["data_seed"], label=m["label"], mechanisms=m["mechanisms"], layers=m["layers"],
+                 d_model=d, **{k: m[k] for k in MODEL_KEYS}, training=asdict(TrainConfig(**training, lr=lr, seed=seed)))
+            for seed, n, d, m, lr in product(config["seeds"], config["train_length"], config["d_model"],
+                                             config["models"], config["training"]["lr"])]
 
 
 def _eval_batch(length: int, cap: int) -> int:

@@ -30,6 +30,15 @@ def _empty_if_none(value: Any) -> Any:
     return {} if value is None else value
 
 
+def task_params_at(task_params: dict[str, Any], train_length: int) -> dict[str, Any]:
+    """A task's options at one training length: ``kv_density`` turned into ``num_kv_pairs``."""
+    params = dict(task_params)
+    density = params.pop("kv_density", None)
+    if density is not None:
+        params["num_kv_pairs"] = max(1, round(density * train_length))
+    return params
+
+
 def task_lines() -> str:
     return "; ".join(f"{task}: {', '.join(f'{k}={v}' for k, v in params.items())}"
                      for task, params in TASK_PARAMS.items())
@@ -218,12 +227,8 @@ class CompareConfig(Schema):
         return {n: sorted({max(2, round(m * n)) for m in multipliers}) for n in self.train_length}
 
     def task_params_at(self, train_length: int) -> dict[str, Any]:
-        """The task's options at one training length (``kv_density`` turned into ``num_kv_pairs``)."""
-        params = dict(self.task_params)
-        density = params.pop("kv_density", None)
-        if density is not None:
-            params["num_kv_pairs"] = max(1, round(density * train_length))
-        return params
+        """The task's options at one training length (:func:`task_params_at`)."""
+        return task_params_at(self.task_params, train_length)
 
     def row_specs(self) -> list[dict[str, Any]]:
         """One spec per (model entry, depth): where it is, label, mechanisms, layers and the model settings

@@ -90,6 +90,20 @@ def test_another_config_under_the_same_name_is_refused(swept: Path, tiny: dict, 
         "tiny_seed5: 0 cell(s) added, 0 already present, 2 unfinished"
 
 
+def test_cells_of_another_config_left_in_the_folder_are_not_stored(swept: Path, tiny: dict, tmp_path: Path) -> None:
+    """A folder whose config.yaml now holds another sweep keeps the old sweep's finished cells in
+    cells/: they are none of the new config's cells, so none of them is stored under its name."""
+    run = tmp_path / "run"
+    shutil.copytree(swept, run)
+    old = sorted(p.name for p in (run / "cells").iterdir())
+    (run / "config.yaml").write_text(yaml.safe_dump(validate_config({**tiny, "name": "other", "seeds": [5]}).config))
+    results = tmp_path / "results"
+    assert str(add_run(run, root=results)) == (
+        f"other: 0 cell(s) added, 0 already present, 2 unfinished; 4 finished cell(s) of another config than "
+        f"the folder's config.yaml left out: {', '.join(old)}")
+    assert store.load("other", results, kind="cell") == []
+
+
 def test_history_is_dropped_when_a_record_would_be_too_big(swept: Path, tmp_path: Path, monkeypatch) -> None:
     cell = json.loads(next((swept / "cells").glob("*/result.json")).read_text())
     monkeypatch.setattr(store, "MAX_BYTES", len(json.dumps(cell)) + publish.HEADROOM + 1000)

@@ -149,8 +149,8 @@ def test_only_runs_the_cells_named_and_summarises_every_finished_one(tmp_path, c
 
 def test_config_yaml_is_replaced_atomically(tmp_path, monkeypatch):
     """A write that fails half way leaves the previous config.yaml whole and no temporary file."""
-    recipe, _ = toy(tmp_path, ["a"], config={"name": "new"})
-    (tmp_path / "config.yaml").write_text("name: old\n")
+    recipe, _ = toy(tmp_path, ["a"], config={"name": "toy", "cells": 2})
+    (tmp_path / "config.yaml").write_text("name: toy\ncells: 1\n")
 
     def fail(*args):
         raise OSError("disk full")
@@ -158,8 +158,19 @@ def test_config_yaml_is_replaced_atomically(tmp_path, monkeypatch):
     monkeypatch.setattr(files.os, "replace", fail)
     with pytest.raises(OSError, match="disk full"):
         sweep.run(recipe, tmp_path, progress=False)
-    assert (tmp_path / "config.yaml").read_text() == "name: old\n"
+    assert (tmp_path / "config.yaml").read_text() == "name: toy\ncells: 1\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cells", "config.yaml"]
+
+
+def test_a_folder_holding_another_sweeps_run_is_refused(tmp_path):
+    """Run into the folder of another sweep, a sweep would overwrite its config and summary and mix
+    their cells: one error naming both, nothing written, nothing run."""
+    recipe, summaries = toy(tmp_path, ["a"], config={"name": "toy"})
+    (tmp_path / "config.yaml").write_text("name: older\n")
+    with pytest.raises(PositionError, match=f"{tmp_path} holds the run of sweep 'older', not of 'toy'.*--out"):
+        sweep.run(recipe, tmp_path, progress=False)
+    assert (tmp_path / "config.yaml").read_text() == "name: older\n"
+    assert calls(tmp_path) == [] and summaries == []
 
 
 def test_cells_finished_elsewhere_are_not_run_and_each_new_cell_is_handed_on(tmp_path: Path) -> None:
