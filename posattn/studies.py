@@ -63,6 +63,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=table3_command, writes={
         "OUT/cells/<variant>-<task>-<seed>.json": "one fine-tuning cell's scores",
         "OUT/fit-S<kernels>.npz": "the TISA fit a variant starts from (reused)",
+        "OUT/study.json": "the model and settings of the folder's study (another is refused there)",
         "OUT/results.json, OUT/report.md": "Table 3: median (mean ± s.e.) per variant and task, TISA's claims"})
 
     p = studies.add_parser("closeness", help="how close a retrofitted encoder starts to the pretrained one",

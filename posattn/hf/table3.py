@@ -11,7 +11,9 @@ saved as ``fit-S<k>.npz`` and reused by reruns).
 Each cell (variant, task, seed) fine-tunes a fresh ``AutoModelForSequenceClassification`` with
 :func:`posattn.finetune.run.finetune` (same data, tokenisation, schedule and metrics as
 ``posattn finetune``; the best validation checkpoint is scored on the test split) and writes
-``cells/<cell>.json``; a rerun skips finished cells. ``results.json`` and ``report.md`` hold the
+``cells/<cell>.json``; a rerun skips finished cells. ``study.json`` records the model and the
+settings every cell shares, and a run with another model or protocol is refused in that folder
+(its cells and kernel fits are not that run's). ``results.json`` and ``report.md`` hold the
 median and mean ± s.e. over seeds per variant and task and of the suite average (computed per seed),
 and TISA's Table-3a claims (:data:`CLAIMS`) judged by :mod:`posattn.claims`; ``scores.png`` and
 ``suite_score.png`` plot them.
@@ -33,15 +35,18 @@ from transformers import AutoModelForSequenceClassification, PreTrainedModel
 from ..analysis.hf import HFCheckpoint, resolve
 from ..analysis.tisa_fit import TisaFit
 from ..claims import SIGMAS, judge, parse_claims, report_row
+from ..errors import PositionError
 from ..experiments import sweep as sweep_runner
 from ..experiments.executors import Executor
+from ..experiments.store import read_json
 from ..finetune.report import plot_scores, seed_values, suite_scores
 from ..finetune.run import FinetuneConfig, baseline, encoded, finetune, score
 from ..finetune.tasks import OFFLINE_SUITE, TASKS
 from ..markdown import table as md_table
-from ..runtime.files import write_json_atomic, write_text_atomic
+from ..runtime.files import atomic_path, write_json_atomic, write_text_atomic
 from .retrofit import add_mechanisms, fit_kernels
 
+STUDY = "study.json"
 VARIANTS: dict[str, tuple[str, int] | None] = {
     "baseline": None, "supplement S=1": ("supplement", 1), "supplement S=3": ("supplement", 3),
     "supplement S=5": ("supplement", 5), "replace S=5": ("replace", 5)}
@@ -76,8 +81,25 @@ def cached_fit(folder: Path, n_kernels: int, path: Path) -> TisaFit:
         with np.load(path) as saved:
             return TisaFit(**{k: saved[k] if saved[k].ndim else int(saved[k]) for k in saved.files})
     fit = fit_kernels(folder, n_kernels=n_kernels)
-    np.savez(path, **asdict(fit))
+    with atomic_path(path) as tmp, open(tmp, "wb") as f:   # a file object: savez adds no ".npz"
+        np.savez(f, **asdict(fit))
     return fit
+
+
+def claim_folder(out: Path, study: dict[str, Any]) -> None:
+    """Record ``study`` (the model and the settings every cell shares) in ``out/study.json``; one
+    error naming what differs if the folder already holds a study of another."""
+    path = out / STUDY
+    if not path.is_file():
+        out.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(path, study, indent=2)
+        return
+    old = read_json(path)
+    old = old if isinstance(old, dict) else {}
+    changed = [f"{k} {old.get(k)!r} → {v!r}" for k, v in study.items() if old.get(k) != v]
+    if changed:
+        raise PositionError(f"{out} holds the Table 3 study of another model or protocol ({'; '.join(changed)}): "
+                            f"its cells and kernel fits are not this run's; give this run another --out")
 
 
 CLAIMS = parse_claims([
@@ -203,6 +225,8 @@ def run(model: str = "minilm", tasks: list[str] | None = None, seeds: int = 5, m
     tasks = tasks or list(OFFLINE_SUITE)
     folder = resolve(model)
     HFCheckpoint.open(folder)   # a damaged checkpoint is refused here, before anything is written or a worker starts
+    claim_folder(out, {"model": str(Path(folder).resolve()), "max_train": max_train, "max_eval": max_eval,
+                       "max_len": max_len, "lr": lr, "epochs": epochs})
     (out / "cells").mkdir(parents=True, exist_ok=True)
     for s in sorted({v[1] for v in VARIANTS.values() if v}):  # fitted once, before any worker reads them
         cached_fit(folder, s, out / f"fit-S{s}.npz")

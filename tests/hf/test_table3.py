@@ -105,3 +105,25 @@ def test_cells_run_in_worker_processes_and_are_never_run_again(tmp_path, tokeniz
         return c["variant"], c["task"], c["seed"]
 
     assert sorted(again["cells"], key=key) == sorted(result["cells"], key=key)
+
+
+def test_a_folder_holding_a_study_of_another_protocol_is_refused(tmp_path, tokenizer):
+    """A rerun with another learning rate (or model, or data limits) into a study's folder would read
+    that study's cells back as its own: one error naming what differs, before any fit or cell."""
+    from posattn.errors import PositionError
+    from posattn.hf import table3
+
+    folder = tmp_path / "tiny"
+    tf.BertModel(tf.BertConfig(hidden_size=16, num_attention_heads=4, num_hidden_layers=1, intermediate_size=32,
+                               vocab_size=tokenizer.get_vocab_size())).save_pretrained(folder)
+    tokenizer.save(str(folder / "tokenizer.json"))
+    out = tmp_path / "out"
+    table3.claim_folder(out, {"model": str(folder.resolve()), "max_train": 24, "max_eval": 12, "max_len": 128,
+                              "lr": 1e-4, "epochs": 1})
+    before = sorted(p.name for p in out.iterdir())
+    with pytest.raises(PositionError, match=r"holds the Table 3 study of another model or protocol "
+                                            r"\(lr 0\.0001 → 3e-05\).*another --out"):
+        table3.run(str(folder), tasks=["trec6"], seeds=1, max_train=24, max_eval=12, epochs=1, lr=3e-5, out=out)
+    assert sorted(p.name for p in out.iterdir()) == before     # no kernel fit, no cell
+    table3.claim_folder(out, {"model": str(folder.resolve()), "max_train": 24, "max_eval": 12, "max_len": 128,
+                              "lr": 1e-4, "epochs": 1})   # the same study: accepted
