@@ -30,6 +30,7 @@ from tqdm.auto import tqdm
 from posattn.errors import PositionError
 from posattn.experiments.config import ConfigError, read_yaml
 from posattn.experiments.executors import Executor, LocalExecutor, NotStarted, budget_note
+from posattn.runtime.checkpoint import check_config
 from posattn.runtime.files import write_text_atomic
 
 
@@ -77,13 +78,13 @@ class Recipe:
 
 
 def _check_folder(out: Path, recipe: Recipe) -> None:
-    """One error if ``out`` holds the run of another sweep (another name in its ``config.yaml``):
-    its config, summary and cells are not this sweep's to overwrite or resume. A changed config of
-    the same sweep is fine: its cells are new ids beside the old ones."""
+    """One error (:func:`~posattn.runtime.checkpoint.check_config`) if ``out`` holds the run of
+    another sweep (another name in its ``config.yaml``): its config, summary and cells are not this
+    sweep's to overwrite or resume. A changed config of the same sweep is fine: its cells are new
+    ids beside the old ones."""
     path = out / "config.yaml"
-    if path.is_file() and (old := read_yaml(path).get("name")) != (new := recipe.config.get("name")):
-        raise PositionError(f"{out} holds the run of sweep {old!r}, not of {new!r}: give {recipe.title} "
-                            f"another output folder (--out)")
+    if path.is_file():
+        check_config({"name": read_yaml(path).get("name")}, {"name": recipe.config.get("name")}, path)
 
 
 def run(recipe: Recipe, out: str | Path, executor: Executor | None = None, *, progress: bool = True,

@@ -35,7 +35,6 @@ from transformers import AutoModelForSequenceClassification, PreTrainedModel
 from ..analysis.hf import HFCheckpoint, resolve
 from ..analysis.tisa_fit import TisaFit
 from ..claims import SIGMAS, judge, parse_claims, report_row
-from ..errors import PositionError
 from ..experiments import sweep as sweep_runner
 from ..experiments.executors import Executor
 from ..experiments.store import read_json
@@ -43,6 +42,7 @@ from ..finetune.report import plot_scores, seed_values, suite_scores
 from ..finetune.run import FinetuneConfig, baseline, encoded, finetune, score
 from ..finetune.tasks import OFFLINE_SUITE, TASKS
 from ..markdown import table as md_table
+from ..runtime.checkpoint import check_config
 from ..runtime.files import atomic_path, write_json_atomic, write_text_atomic
 from .retrofit import add_mechanisms, fit_kernels
 
@@ -88,18 +88,15 @@ def cached_fit(folder: Path, n_kernels: int, path: Path) -> TisaFit:
 
 def claim_folder(out: Path, study: dict[str, Any]) -> None:
     """Record ``study`` (the model and the settings every cell shares) in ``out/study.json``; one
-    error naming what differs if the folder already holds a study of another."""
+    error naming what differs (:func:`~posattn.runtime.checkpoint.check_config`) if the folder
+    already holds another study, whose cells and kernel fits are not this run's."""
     path = out / STUDY
-    if not path.is_file():
+    if path.is_file():
+        old = read_json(path)
+        check_config(old if isinstance(old, dict) else {}, study, path)
+    else:
         out.mkdir(parents=True, exist_ok=True)
         write_json_atomic(path, study, indent=2)
-        return
-    old = read_json(path)
-    old = old if isinstance(old, dict) else {}
-    changed = [f"{k} {old.get(k)!r} → {v!r}" for k, v in study.items() if old.get(k) != v]
-    if changed:
-        raise PositionError(f"{out} holds the Table 3 study of another model or protocol ({'; '.join(changed)}): "
-                            f"its cells and kernel fits are not this run's; give this run another --out")
 
 
 CLAIMS = parse_claims([

@@ -167,7 +167,8 @@ def test_a_folder_holding_another_sweeps_run_is_refused(tmp_path):
     their cells: one error naming both, nothing written, nothing run."""
     recipe, summaries = toy(tmp_path, ["a"], config={"name": "toy"})
     (tmp_path / "config.yaml").write_text("name: older\n")
-    with pytest.raises(PositionError, match=f"{tmp_path} holds the run of sweep 'older', not of 'toy'.*--out"):
+    with pytest.raises(PositionError, match=f"{tmp_path / 'config.yaml'} was written with a different config "
+                                            r"\(name: 'older' -> 'toy'\); use another output folder"):
         sweep.run(recipe, tmp_path, progress=False)
     assert (tmp_path / "config.yaml").read_text() == "name: older\n"
     assert calls(tmp_path) == [] and summaries == []

@@ -121,8 +121,8 @@ def test_a_folder_holding_a_study_of_another_protocol_is_refused(tmp_path, token
     table3.claim_folder(out, {"model": str(folder.resolve()), "max_train": 24, "max_eval": 12, "max_len": 128,
                               "lr": 1e-4, "epochs": 1})
     before = sorted(p.name for p in out.iterdir())
-    with pytest.raises(PositionError, match=r"holds the Table 3 study of another model or protocol "
-                                            r"\(lr 0\.0001 → 3e-05\).*another --out"):
+    with pytest.raises(PositionError, match=f"{out / 'study.json'} was written with a different config "
+                                            r"\(lr: 0\.0001 -> 3e-05\); use another output folder"):
         table3.run(str(folder), tasks=["trec6"], seeds=1, max_train=24, max_eval=12, epochs=1, lr=3e-5, out=out)
     assert sorted(p.name for p in out.iterdir()) == before     # no kernel fit, no cell
     table3.claim_folder(out, {"model": str(folder.resolve()), "max_train": 24, "max_eval": 12, "max_len": 128,
