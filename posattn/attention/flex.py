@@ -38,6 +38,19 @@ def _flex() -> Callable[..., Tensor]:
     return _COMPILED["flex"]
 
 
+def _padded(x: Tensor, dim: int, before: int, after: int, value: float | bool = 0.0) -> Tensor:
+    """``x`` with ``before`` and ``after`` entries ``value`` along ``dim``, as ``F.pad`` gives,
+    written as a gather and a select. A tensor that ``score_mod`` or ``mask_mod`` reads is inlined
+    into the FlexAttention kernel when the whole step is compiled, and Inductor's lowering of
+    ``F.pad`` (a masked load) fails there (torch 2.13 on an H100: "'function' object has no
+    attribute 'graph'" for T5's table in ``compare --compile``); an indexed load and a select
+    lower like ``score_mod`` itself."""
+    size = x.shape[dim]
+    idx = torch.arange(-before, size + after, device=x.device)
+    inside = ((idx >= 0) & (idx < size)).view([-1] + [1] * (x.dim() - 1 - dim % x.dim()))
+    return torch.where(inside, x.index_select(dim, idx.clamp(0, size - 1)), value)
+
+
 def flex_attend(q: Tensor, k: Tensor, v: Tensor, low: list[LowRank], rest: list[Term],
                 keep: Tensor | None, causal: bool, scale: float, documents: Tensor | None = None) -> Tensor:
     """Attention [b, h, n, d_v] with every term inside FlexAttention (CUDA).
@@ -56,12 +69,12 @@ def flex_attend(q: Tensor, k: Tensor, v: Tensor, low: list[LowRank], rest: list[
     big = -(-n // BLOCK) * BLOCK
     extra = big - n
 
-    def pad(x: Tensor, *sizes: int) -> Tensor:
-        """``F.pad(x, sizes)`` with zeros; ``x`` itself (no copy) when the length needs no padding."""
-        return F.pad(x, sizes) if extra else x
+    def pad(x: Tensor, dim: int, before: int, after: int, value: float | bool = 0.0) -> Tensor:
+        """``x`` with ``value`` added along ``dim``; ``x`` itself (no copy) when the length needs no padding."""
+        return _padded(x, dim, before, after, value) if extra else x
 
     # pad before expanding: an expanded batch-free bias stays a view, never b copies of it
-    q, k, v = (pad(x, 0, 0, 0, extra) for x in (q, k, v))
+    q, k, v = (F.pad(x, (0, 0, 0, extra)) if extra else x for x in (q, k, v))
     table: Tensor | None = None
     query_prods: list[tuple[Tensor, int]] = []
     key_prods: list[tuple[Tensor, int]] = []
@@ -69,21 +82,21 @@ def flex_attend(q: Tensor, k: Tensor, v: Tensor, low: list[LowRank], rest: list[
     sided: list[tuple[Tensor, ...]] = []  # a, x, b, y, each [b, h, N]
     for t in rest:
         if isinstance(t, Toeplitz):    # offsets −(n−1)..n−1 sit at the middle of −(N−1)..N−1
-            part = pad(t.table, extra, extra).expand(h, 2 * big - 1)
+            part = pad(t.table, -1, extra, extra).expand(h, 2 * big - 1)
             table = part if table is None else table + part
         elif isinstance(t, QueryRelative):
             w = t.weight if t.weight.dim() == 3 else t.weight.unsqueeze(0)
             prod = torch.einsum("bhid,hmd->bhim", t.vec, w) * t.scale
-            (key_prods if t.key_side else query_prods).append((pad(prod, 0, 0, 0, extra).expand(b, h, big, -1),
+            (key_prods if t.key_side else query_prods).append((pad(prod, -2, 0, extra).expand(b, h, big, -1),
                                                                t.window))
         elif isinstance(t, Dense):
             bias = t.bias if t.bias.dim() == 4 else t.bias.unsqueeze(0)
-            dense.append(pad(bias, 0, extra, 0, extra).expand(b, h, big, big))
+            dense.append(pad(pad(bias, -1, 0, extra), -2, 0, extra).expand(b, h, big, big))
         elif isinstance(t, TwoSided):
             # four tensors that share no storage: FlexAttention's backward refuses to index one
             # tensor that needs a gradient twice in score_mod (a and b at q, x and y at k); the
             # copies are [b, h, N] each, no n×n tensor
-            sided.append(tuple(pad(part, 0, extra).expand(b, h, big).clone()
+            sided.append(tuple(pad(part, -1, 0, extra).expand(b, h, big).clone()
                                for part in torch.broadcast_tensors(*t.vectors())))
         else:  # low-rank terms arrive in ``low``, folded above
             raise refused("flex", t)
@@ -106,9 +119,9 @@ def flex_attend(q: Tensor, k: Tensor, v: Tensor, low: list[LowRank], rest: list[
     if causal or keep is not None or extra or documents is not None:
         if keep is None:
             keep = torch.ones(1, n, dtype=torch.bool, device=q.device)
-        keep = F.pad(keep, (0, extra), value=False)     # [b|1, N]: a tensor, so n is no compile constant
+        keep = pad(keep, -1, 0, extra, False)    # [b|1, N]: a tensor, so n is no compile constant
         wide = keep.shape[0] > 1
-        docs = None if documents is None else F.pad(documents, (0, extra), value=-1)  # padded rows: document −1
+        docs = None if documents is None else pad(documents, -1, 0, extra, -1)  # padded rows: document −1
         batched = wide or docs is not None
 
         def mask_mod(bi: Tensor, hi: Tensor, qi: Tensor, ki: Tensor) -> Tensor:

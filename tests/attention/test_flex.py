@@ -83,3 +83,19 @@ def test_flex_hides_other_documents_of_packed_rows(causal: bool) -> None:
         err = (got - want).permute(0, 2, 1, 3)[real].abs().max().item()
         assert err < 2e-5, f"mask {'given' if mask is not None else 'none'}: max error {err:.1e}"
     assert (want - reference.attend(q, k, v, terms, None, causal)).abs().max() > 1e-2  # the documents matter
+
+
+@pytest.mark.parametrize(("shape", "dim", "before", "after", "value"), [
+    ((2, 7), -1, 5, 5, 0.0), ((2, 3, 7, 4), -2, 0, 9, 0.0), ((2, 7), -1, 0, 3, False), ((3, 7), -1, 0, 2, -1)])
+def test_padding_for_captured_tensors_equals_f_pad(shape, dim, before, after, value) -> None:
+    """``score_mod``/``mask_mod`` inputs are padded by a gather (Inductor cannot lower ``F.pad``'s
+    masked load inside the fused kernel): the same tensor as ``F.pad``, for floats, masks and ids."""
+    import torch.nn.functional as F
+
+    from posattn.attention.flex import _padded
+    x = torch.randn(shape) if isinstance(value, float) and not isinstance(value, bool) else (
+        torch.rand(shape) > 0.5 if isinstance(value, bool) else torch.randint(0, 5, shape))
+    sizes = [0, 0] * (-dim - 1) + [before, after]
+    want = F.pad(x, sizes, value=value)
+    got = _padded(x, dim, before, after, value)
+    assert got.dtype == want.dtype and torch.equal(got, want)
