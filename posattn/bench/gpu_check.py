@@ -66,9 +66,14 @@ STAGES = ("tests", "layer_eager", "layer_compiled", "models", "profile", "ab", "
 # leave it CAT_SECONDS at least of the default deadline; the tests, which compile FlexAttention
 # steps, run 8 at a time where pytest-xdist is installed, as in the GPU machines' image, and took
 # their whole 60 s box in the last window)
-BOXES = {"tests": 90, "layer_eager": 55, "layer_compiled": 30, "models": 40, "profile": 30, "ab": 30,
+BOXES = {"tests": 75, "layer_eager": 55, "layer_compiled": 45, "models": 40, "profile": 30, "ab": 30,
          "throughput": 30}
 CAT_SECONDS = 160
+# the measurement stages' units are small and the time a stage leaves unspent (finished early, skipped,
+# nothing to do) goes to the next stage's box: on an H100 (2026-11-27, two windows) a run of five
+# mechanisms at n 4096, a compiled run of two, a profile run of three models, an A/B run of three
+# mechanisms and a throughput setting each outlasted its 25-55 s box, so those stages were killed
+# with nothing stored, window after window, while the models stage finished 43 s early
 TEST_WORKERS = 8
 # cells a CAT run picks per worker (gpu_cells): a whole 9-minute call holds about 8 of a minute each
 CAT_CELLS_PER_WORKER = 10
@@ -82,16 +87,16 @@ SHAPES = [(4096, 16), (512, 16), (128, 16), (512, 64), (128, 64), (4096, 64)]
 # stage's first run times the target mechanisms at n = 4096, batch 16 with every SDPA call on FlashAttention
 TARGET_SHAPE = (4096, 16)
 TARGET_POLICY: dict[str, Any] = {"sdpa_backend": "flash"}
-TARGET_GROUP = 5  # mechanisms per target run: the ones the target names first (COMPILE_FIRST); a kill loses one run
+TARGET_GROUP = 2  # mechanisms per target run: the ones the target names first (COMPILE_FIRST); a kill loses one run
 # compiled first: the mechanisms the layer targets name, and the ones users train most
 COMPILE_FIRST = ["alibi", "t5", "tisa", "fixed_conv", "dynamic_conv", "rope", "absolute", "cat"]
 MODEL_MECHANISMS = ["alibi", "t5", "tisa", "fixed_conv", "dynamic_conv", "composite", "cat"]
-# the profile stage, most telling first: the layers that missed 1.25× SDPA at n = 4096 (three per run,
+# the profile stage, most telling first: the layers that missed 1.25× SDPA at n = 4096 (one per run,
 # each beside plain SDPA), then the whole encoder against BERT and the score-term encoders that missed
 # 1.10× / 1.25× the encoder with absolute (trained with attention dropout: the dense bias path)
 PROFILE_LAYER = ["t5", "alibi", "tisa", "dynamic_conv", "fixed_conv", "key_dynamic_conv", "composite", "diet_rel",
                  "cat"]
-PROFILE_MODELS = [[], ["t5", "dynamic_conv", "composite"], ["alibi", "tisa", "cat"]]  # []: absolute and BERT
+PROFILE_MODELS = [[], ["t5"], ["dynamic_conv"], ["composite"], ["alibi"], ["tisa"], ["cat"]]  # []: absolute, BERT
 PROFILE_TOP = 10
 # the ab stage: (n, batch, heads, dropout, mechanisms, fast-path Policy overrides of the B arm). The
 # whole encoder trains with attention dropout, which sends score terms to the dense bias; there the
@@ -145,8 +150,8 @@ class Settings:
     cat_compile: str | None = "reduce-overhead"
     repeats: int = 3
     compile_mode: str = "default"
-    compile_group: int = 2  # inductor takes tens of seconds per case: small runs, each kept when it ends
-    eager_group: int = 12  # mechanisms per eager run (a kill at the box loses one run's worth)
+    compile_group: int = 1  # inductor takes tens of seconds per case: small runs, each kept when it ends
+    eager_group: int = 4  # mechanisms per eager run (a kill at the box loses one run's worth)
     boxes: dict[str, float] = field(default_factory=lambda: dict(BOXES))
     work: Path = Path("/tmp/gpu_check")  # compare run folders (not in the repository)
     results: Path = Path("results")
@@ -412,8 +417,8 @@ def layer_sizes(s: Settings) -> Sizes:
 
 def profile_todo(s: Settings) -> list[tuple[str, Sizes, list[str]]]:
     """The profile runs whose setups are not all in the store: (bench kind, sizes, case names),
-    one layer run (:data:`PROFILE_LAYER`, three mechanisms each; plain SDPA is in every run)
-    then two model runs (:data:`PROFILE_MODELS`), and so on. Only registered mechanisms, or those
+    one layer run (one mechanism of :data:`PROFILE_LAYER`; plain SDPA is in every run) then two
+    model runs (:data:`PROFILE_MODELS`), and so on. Only registered mechanisms, or those
     of ``GPU_CHECK_MECHANISMS`` when set."""
     from .. import mechanisms as registry
     from ..experiments.store import hardware
@@ -426,7 +431,7 @@ def profile_todo(s: Settings) -> list[tuple[str, Sizes, list[str]]]:
     n, batch = s.profile_shape
     sizes = replace(layer_sizes(s), batch=batch, max_len=n)
     mechs = [m for m in PROFILE_LAYER if m in keep]
-    layer = [("layer", sizes, mechs[i:i + 3]) for i in range(0, len(mechs), 3)]
+    layer = [("layer", sizes, [m]) for m in mechs]
     msizes = model_sizes(s)
     models = [("model", msizes, [model_name("posattn_encoder", [m]) for m in group if m in keep] if group
                else [model_name("posattn_encoder"), "hf_bert"]) for group in PROFILE_MODELS]
@@ -481,8 +486,8 @@ def profile_stage(s: Settings) -> None:
 
 
 def ab_todo(s: Settings) -> list[tuple[Sizes, list[str], dict[str, Any]]]:
-    """The runs of :data:`AB_RUNS` whose setups (both arms) are not all in the store: (sizes,
-    mechanisms, overrides); tiny: n 32, batch 2 and the tiny heads."""
+    """The runs of :data:`AB_RUNS`, one per mechanism, whose setups (both arms) are not all in the
+    store: (sizes, [mechanism], overrides); tiny: n 32, batch 2 and the tiny heads."""
     from ..experiments.store import hardware
     from .cases import CaseSpec
     from .store import AB_RECIPE, missing, setup
@@ -493,12 +498,13 @@ def ab_todo(s: Settings) -> list[tuple[Sizes, list[str], dict[str, Any]]]:
         sizes = replace(layer_sizes(s), max_len=n, batch=batch, heads=heads, dropout=dropout)
         if s.tiny:
             sizes = replace(sizes, max_len=32, batch=2, heads=layer_sizes(s).heads)
-        mechs = [m for m in mechs if not s.mechanisms or m in s.mechanisms]
-        labels = [CaseSpec("layer", json.dumps([m]), sizes.max_len, arm).label
-                  for m in mechs for arm in ("", json.dumps(ab))]
-        if mechs and missing(AB_RECIPE, [setup("layer", label, sizes.max_len, sizes.batch, sizes, "eager", hw)
-                                         for label in labels], s.results):
-            out.append((sizes, mechs, ab))
+        for m in mechs:
+            if s.mechanisms and m not in s.mechanisms:
+                continue
+            labels = [CaseSpec("layer", json.dumps([m]), sizes.max_len, arm).label for arm in ("", json.dumps(ab))]
+            if missing(AB_RECIPE, [setup("layer", label, sizes.max_len, sizes.batch, sizes, "eager", hw)
+                                   for label in labels], s.results):
+                out.append((sizes, [m], ab))
     return out
 
 
@@ -580,6 +586,7 @@ class Driver:
         self.s = s
         self.start = time.monotonic()
         self.results: list[StageResult] = []
+        self.spare = 0.0  # seconds the stages so far left of their boxes: the next stage may use them
         self.log = (s.out / "gpu_check.log").open("a")
         self.before = self._snapshot()
 
@@ -615,9 +622,13 @@ class Driver:
         return rc, time.monotonic() - t0
 
     def stage(self, name: str, argv: list[str], log: Any = None, left: Callable[[], str] | None = None) -> None:
-        """Run one stage within its box; ``left`` says what it left undone (for the summary)."""
-        box = min(self.s.boxes.get(name, float("inf")), self.left())
-        if box < 5:
+        """Run one stage within its box and the time earlier stages left of theirs (a stage without
+        a box of its own gets none); ``left`` says what it left undone (for the summary)."""
+        own = self.s.boxes.get(name, 0.0)
+        box = min(own + self.spare, self.left())
+        if own <= 0:
+            self.results.append(StageResult(name, "skipped: its box is 0 s"))
+        elif box < 5:
             self.results.append(StageResult(name, "skipped: no time left"))
         else:
             self.log.write(f"\n===== {name} (at most {box:.0f} s) =====\n")
@@ -625,6 +636,7 @@ class Driver:
             rc, seconds = self.child(argv, box, log)
             status = "done" if rc == 0 else "stopped at its time box" if rc is None else f"failed (exit {rc})"
             self.results.append(StageResult(name, status, seconds))
+            self.spare = 0.0 if rc is None else max(0.0, box - seconds)
         if left:
             self.results[-1].note = left()
         self.finish()

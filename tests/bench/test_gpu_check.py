@@ -78,11 +78,12 @@ def test_the_layer_target_runs_first_against_flash_backed_sdpa(tmp_path: Path) -
     s = tiny(tmp_path, mechanisms=["alibi", "rope"])
     first = layer_todo(s, "eager")
     assert [(t[0].max_len, t[1], t[2]) for t in first] == [(16, ["alibi"], TARGET_POLICY), (16, ["alibi", "rope"], {})]
-    assert [t[2] for t in layer_todo(s, "default")] == [{}]
+    assert [(t[1], t[2]) for t in layer_todo(s, "default")] == [(["alibi"], {}), (["rope"], {})]  # one per run
     assert gpu_check.target_runs(Settings(out=tmp_path, shapes=[(512, 16)]), ["alibi"]) == []  # not asked: no run
     runs = gpu_check.target_runs(Settings(out=tmp_path), registry.names())  # the issue's own names first
-    assert runs[0] == (4096, 16, ["alibi", "t5", "tisa", "fixed_conv", "dynamic_conv"], TARGET_POLICY)
-    assert sum(len(g) for _, _, g, _ in runs) == len(LAYER_TARGETS) and max(len(g) for _, _, g, _ in runs) <= 5
+    assert runs[0] == (4096, 16, ["alibi", "t5"], TARGET_POLICY) and runs[1][2] == ["tisa", "fixed_conv"]
+    assert sum(len(g) for _, _, g, _ in runs) == len(LAYER_TARGETS)
+    assert max(len(g) for _, _, g, _ in runs) == gpu_check.TARGET_GROUP
     layer_stage(s, "eager", tmp_path / "rows.json")
     assert layer_todo(s, "eager") == []
     records = store.load(LAYER_RECIPE, s.results, kind="cell")
@@ -150,6 +151,35 @@ def test_a_stage_is_killed_at_its_box_and_the_archive_holds_new_files(tmp_path: 
         assert sorted(tar.getnames()) == ["results/new/c.json", "results/old/b.json"]
     summary = (tmp_path / "summary.txt").read_text()
     assert "tests" in summary and "layer_eager     not reached" in summary
+
+
+def test_a_stage_may_use_what_the_stages_before_it_left_of_their_boxes(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """Time a stage leaves of its box (done early, failed) goes to the next stage's box; a stage
+    killed at its box leaves none; a box of 0 skips its stage and keeps what was left for the next;
+    the deadline bounds every box."""
+    s = tiny(tmp_path, seconds=300.0)
+    s.boxes = {"tests": 20, "layer_eager": 20, "layer_compiled": 20, "models": 0, "profile": 20, "ab": 20}
+    given: list[float] = []
+    outcomes = iter([(0, 5.0), (1, 10.0), (None, 45.0), (0, 2.0), (None, 500.0)])  # tests, ..., ab
+
+    def child(argv: list[str], limit: float, log: object = None) -> tuple[int | None, float]:
+        given.append(limit)
+        return next(outcomes)
+
+    driver = Driver(s)
+    monkeypatch.setattr(driver, "child", child)
+    for name in ("tests", "layer_eager", "layer_compiled", "models", "profile", "ab"):
+        driver.stage(name, ["true"])
+    # tests left 15 s: layer_eager got 35 and left 25; layer_compiled got 45, was killed: profile 20 only
+    assert given == [20, 35, 45, 20, 38]
+    assert [r.status for r in driver.results] == ["done", "failed (exit 1)", "stopped at its time box",
+                                                  "skipped: its box is 0 s", "done", "stopped at its time box"]
+    late = Driver(tiny(tmp_path, seconds=gpu_check.RESERVE + 12.0))   # 12 s to the deadline: a box of 12 at most
+    monkeypatch.setattr(late, "child", child)
+    outcomes = iter([(0, 1.0)])
+    late.stage("tests", ["true"])
+    assert given[-1] <= 12.0
 
 
 def test_cells_in_the_store_are_counted_for_the_cat_stage(tmp_path: Path) -> None:
@@ -292,7 +322,7 @@ def test_a_step_the_profiler_cannot_record_is_not_stored(tmp_path: Path, monkeyp
     monkeypatch.setattr(gpu_check, "PROFILE_MODELS", [])
     gpu_check.profile_stage(s)
     assert store.load(PROFILE_RECIPE, s.results, kind="cell") == []
-    assert [names for _, _, names in gpu_check.profile_todo(s)] == [["t5", "dynamic_conv"]]  # tried again next time
+    assert [names for _, _, names in gpu_check.profile_todo(s)] == [["t5"], ["dynamic_conv"]]  # tried again next time
 
 
 def test_ab_stage_times_both_arms_in_one_run_and_stores_each_once(tmp_path: Path,
