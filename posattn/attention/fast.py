@@ -118,6 +118,10 @@ class Policy:
     # H100 in torch 2.13 for bf16), "flash" FlashAttention-2 (or the CPU's flash kernel); a backend
     # that cannot take the inputs is an error, not a silent fallback
     sdpa_backend: Literal["auto", "flash", "cudnn", "efficient", "math"] = "auto"
+    # FlexAttention: a Toeplitz term with a closed form (Toeplitz.formula: ALiBi's −m_h·|j − i|) is
+    # computed per score instead of read from its [h, 2n − 1] table, the way the FlexAttention paper
+    # writes ALiBi; an A/B arm of the GPU command (a table read per score against a multiply-add)
+    flex_formula: bool = False
 
 
 CPU_POLICY = Policy()
@@ -330,7 +334,7 @@ def run(path: Path, q: Tensor, k: Tensor, v: Tensor, terms: list[Term], keep: Te
     if path == "dense":
         return _dense(q, k, v, low, rest, keep, causal, scale, p, policy, documents)
     if path == "flex":
-        return flex_attend(q, k, v, low, rest, keep, causal, scale, documents)
+        return flex_attend(q, k, v, low, rest, keep, causal, scale, documents, formulas=policy.flex_formula)
     if path == "fused":
         for t in rest + low:
             if not t.fusable():

@@ -52,7 +52,8 @@ def _padded(x: Tensor, dim: int, before: int, after: int, value: float | bool = 
 
 
 def flex_attend(q: Tensor, k: Tensor, v: Tensor, low: list[LowRank], rest: list[Term],
-                keep: Tensor | None, causal: bool, scale: float, documents: Tensor | None = None) -> Tensor:
+                keep: Tensor | None, causal: bool, scale: float, documents: Tensor | None = None,
+                formulas: bool = False) -> Tensor:
     """Attention [b, h, n, d_v] with every term inside FlexAttention (CUDA).
 
     The length is padded up to a multiple of :data:`BLOCK` (FlexAttention's block, so no extra
@@ -60,7 +61,8 @@ def flex_attend(q: Tensor, k: Tensor, v: Tensor, low: list[LowRank], rest: list[
     shapes, so variable-length batches (fine-tuning, evaluation sorted by length) share one
     compiled kernel per padded length instead of compiling one per length. Padded keys are
     masked; padded query rows are dropped. ``documents`` ([b, n]): a query sees only the keys of
-    its own document."""
+    its own document. ``formulas``: a Toeplitz term with a ``formula`` is computed per score
+    from it instead of read from its table."""
     from torch.nn.attention.flex_attention import create_block_mask
 
     b, h, n, _ = q.shape
@@ -76,12 +78,15 @@ def flex_attend(q: Tensor, k: Tensor, v: Tensor, low: list[LowRank], rest: list[
     # pad before expanding: an expanded batch-free bias stays a view, never b copies of it
     q, k, v = (F.pad(x, (0, 0, 0, extra)) if extra else x for x in (q, k, v))
     table: Tensor | None = None
+    closed: list[Callable[[Tensor, Tensor], Tensor]] = []
     query_prods: list[tuple[Tensor, int]] = []
     key_prods: list[tuple[Tensor, int]] = []
     dense: list[Tensor] = []
     sided: list[tuple[Tensor, ...]] = []  # a, x, b, y, each [b, h, N]
     for t in rest:
-        if isinstance(t, Toeplitz):    # offsets −(n−1)..n−1 sit at the middle of −(N−1)..N−1
+        if isinstance(t, Toeplitz) and formulas and t.formula is not None:
+            closed.append(t.formula)
+        elif isinstance(t, Toeplitz):    # offsets −(n−1)..n−1 sit at the middle of −(N−1)..N−1
             part = pad(t.table, -1, extra, extra).expand(h, 2 * big - 1)
             table = part if table is None else table + part
         elif isinstance(t, QueryRelative):
@@ -105,6 +110,8 @@ def flex_attend(q: Tensor, k: Tensor, v: Tensor, low: list[LowRank], rest: list[
         r = ki - qi
         if table is not None:
             score = score + table[hi, r + big - 1]
+        for formula in closed:
+            score = score + formula(hi, r)
         for prod, w in query_prods:
             score = score + prod[bi, hi, qi, torch.clamp(r, -w, w) + w]
         for prod, w in key_prods:

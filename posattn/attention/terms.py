@@ -111,11 +111,16 @@ class Toeplitz(Term):
     weight), so the fast path may hand their summed gradient to the entries at r = ∓(window+1).
     ``causal_form``: an equivalent low-rank term that differs from this one by a per-row
     constant on the causal (j ≤ i) side, so it gives the same softmax under a causal mask.
+    ``formula``: ``formula(h, r)`` = table[h, r + n − 1] from traceable tensor ops, for heads
+    ``h`` and offsets ``r`` = j − i (integer tensors of one shape), where the mechanism has a closed
+    form (ALiBi's −m_h·|r|): FlexAttention computes it per score instead of reading the table
+    under ``fast.Policy.flex_formula``.
     """
 
     table: Tensor  # [h, 2n − 1]
     window: int | None = None
     causal_form: LowRank | None = None
+    formula: Callable[[Tensor, Tensor], Tensor] | None = None
 
     def dense(self, n: int) -> Tensor:
         return self.table[:, relative_index(n, self.table.device)].unsqueeze(0)

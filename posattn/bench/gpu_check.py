@@ -108,6 +108,10 @@ PROFILE_TOP = 10
 # dense bias against it
 RELATIVE = ["dynamic_conv", "key_dynamic_conv", "composite"]
 AB_RUNS: list[tuple[int, int, int, float, list[str], dict[str, Any]]] = [
+    # the layer target against FlashAttention-backed SDPA at n 4096: ALiBi in FlexAttention reads its
+    # [h, 2n - 1] table per score (1.33x, forward 1.52 ms of kernel against cuDNN's 0.58, 2026-11-27,
+    # H100); the FlexAttention paper computes it (0.85-0.9x FlashAttention-2): is the read the cost?
+    (4096, 16, 4, 0.0, ["alibi"], {"flex_formula": True}),
     (512, 32, 12, 0.1, RELATIVE, {"relative_bias": "gather"}),
     (4096, 16, 4, 0.0, RELATIVE, {"use_flex": False, "relative_bias": "skew"}),
     # the short depthwise convolutions compiled: CAT's whole encoder spent 27 of its 79 ms of kernels

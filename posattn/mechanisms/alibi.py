@@ -111,4 +111,10 @@ class ALiBi(Mechanism):
         table = torch.where(r <= 0, past[:, None] * r, -future[:, None] * r)  # −m·|r| on each side
         pos = torch.arange(n, device=q.device, dtype=q.dtype)
         causal = LowRank(u=past[None, :, None, None].expand(1, -1, n, 1), v=pos[None, None, :, None])
-        return [Toeplitz(table, causal_form=causal)]
+
+        def formula(h: Tensor, r: Tensor) -> Tensor:
+            """The table's entry at heads h and offsets r, computed (the same arithmetic)."""
+            r = r.to(past.dtype)
+            return torch.where(r <= 0, past[h] * r, -future[h] * r)
+
+        return [Toeplitz(table, causal_form=causal, formula=formula)]

@@ -99,3 +99,36 @@ def test_padding_for_captured_tensors_equals_f_pad(shape, dim, before, after, va
     want = F.pad(x, sizes, value=value)
     got = _padded(x, dim, before, after, value)
     assert got.dtype == want.dtype and torch.equal(got, want)
+
+
+@pytest.mark.parametrize("learned", [False, True], ids=["fixed", "learned-asymmetric"])
+def test_a_toeplitz_formula_is_computed_per_score_and_equals_the_table(learned: bool) -> None:
+    """``formulas=True`` (``Policy.flex_formula``): ALiBi's bias computed in ``score_mod`` from its
+    closed form equals the reference with its table, and the formula, not the table, is what runs
+    (a formula that differs from its table changes the output)."""
+    from posattn.mechanisms.alibi import ALiBi
+    from posattn.mechanisms.base import Context, Dims
+
+    n = BLOCK - 28
+    opts = {"learned": True, "bidirectional": "asymmetric"} if learned else {}
+    mech = ALiBi(Dims(d_model=H * D, n_heads=H, n_layers=1, max_len=256, n_segments=1, causal=False), {}, **opts)
+    if learned:
+        with torch.no_grad():
+            mech.log_future.add_(torch.linspace(-1, 1, H))  # future slopes unlike the past ones
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(B, H, n, D, generator=g) for _ in range(3))
+    (term,) = mech.score_terms(q, k, Context(torch.arange(n)[None], torch.zeros(1, n, dtype=torch.long), None, False))
+    assert isinstance(term, Toeplitz) and term.formula is not None
+    h, r = torch.meshgrid(torch.arange(H), torch.arange(-(n - 1), n), indexing="ij")
+    assert torch.equal(term.formula(h, r), term.table)             # the same arithmetic, every entry
+    keep = torch.ones(B, n, dtype=torch.bool)
+    keep[0, n - 9:] = False
+    want = reference.attend(q, k, v, [term], keep, False)
+    with torch.no_grad():
+        got = flex_attend(q, k, v, [], [term], keep, False, 1 / math.sqrt(D), formulas=True)
+        other = Toeplitz(term.table, formula=lambda hh, rr: term.formula(hh, rr) * 2)
+        doubled = flex_attend(q, k, v, [], [other], keep, False, 1 / math.sqrt(D), formulas=True)
+        table_only = flex_attend(q, k, v, [], [other], keep, False, 1 / math.sqrt(D))
+    err = (got - want).permute(0, 2, 1, 3)[keep].abs().max().item()
+    assert err < 2e-5, f"max error {err:.1e}"
+    assert (doubled - got).abs().max() > 1e-2 and torch.allclose(table_only, got, atol=2e-5)

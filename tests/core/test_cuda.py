@@ -37,6 +37,13 @@ def test_skewed_relative_bias_equals_reference_on_cuda(name):
         check_fast_against_reference(name, False)
 
 
+def test_flex_formula_equals_reference_on_cuda():
+    """ALiBi's bias computed per score in FlexAttention (``Policy.flex_formula``, the GPU command's
+    A/B arm), outputs and gradients."""
+    with fast.using(fast.Policy(**{**fast.policy_for(torch.device("cuda")).__dict__, "flex_formula": True})):
+        check_fast_against_reference("alibi", False)
+
+
 @pytest.mark.parametrize("name", ["cat", "depthwise_conv", "conv_qkv"])
 @pytest.mark.parametrize("causal", [False, True], ids=["encoder", "decoder"])
 def test_compiled_convolutions_equal_reference_on_cuda(name, causal):
