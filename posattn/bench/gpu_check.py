@@ -220,7 +220,8 @@ def pytest_command(tests: list[str]) -> list[str]:
     import importlib.util
 
     spread = ["-n", str(min(TEST_WORKERS, os.cpu_count() or 1))] if importlib.util.find_spec("xdist") else []
-    return [sys.executable, "-m", "pytest", *tests, "-q", "-p", "no:cacheprovider", *spread]
+    # the project's addopts already say -q: one more would drop the "N passed, M failed" line from pytest.log
+    return [sys.executable, "-m", "pytest", *tests, "-p", "no:cacheprovider", *spread]
 
 
 # -- the measurements (run in child processes) ---------------------------------------------------

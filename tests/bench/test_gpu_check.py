@@ -366,3 +366,17 @@ def test_tests_stage_spreads_over_processes_where_xdist_is_installed(monkeypatch
         cmd = gpu_check.pytest_command(["tests/core/test_cuda.py"])
         assert cmd[:4] == [sys.executable, "-m", "pytest", "tests/core/test_cuda.py"]
         assert ("-n" in cmd) == present
+
+
+def test_tests_stage_log_ends_with_the_counts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """pytest.log says how many CUDA tests passed, failed and skipped (the project's addopts are
+    already quiet; one more -q dropped that line from the GPU windows' logs)."""
+    import importlib.util
+    import re
+    import subprocess
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "xdist" else real(name, *a))
+    cmd = gpu_check.pytest_command(["tests/core/test_cuda.py"])
+    out = subprocess.run(cmd, capture_output=True, text=True, cwd=Path(__file__).resolve().parents[2], timeout=300)
+    assert re.search(r"\d+ (passed|skipped|failed)", out.stdout.strip().splitlines()[-1]), out.stdout[-500:]
