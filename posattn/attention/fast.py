@@ -122,6 +122,11 @@ class Policy:
     # computed per score instead of read from its [h, 2n − 1] table, the way the FlexAttention paper
     # writes ALiBi; an A/B arm of the GPU command (a table read per score against a multiply-add)
     flex_formula: bool = False
+    # the attention layer's QKV projection as three products on W_QKV's rows instead of one whose
+    # output is split: the backward then needs no stack of dq, dk, dv (the whole encoder's H100
+    # profile against BERT: aten::cat 1.75 ms and aten::copy_ 1.43 ms of a 47 ms step, BERT's three
+    # projections having neither); an A/B arm of the GPU command
+    split_qkv: bool = False
 
 
 CPU_POLICY = Policy()

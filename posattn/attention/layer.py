@@ -67,19 +67,26 @@ class Attention(nn.Module):
 
     def linear_qkv(self, x: Tensor) -> list[Tensor]:
         """x W_QKV as q, k, v [b, h', n, d_h], without the last heads that a mechanism supplies
-        itself (:meth:`Mechanism.own_heads`): those rows of W_QKV are never computed."""
+        itself (:meth:`Mechanism.own_heads`): those rows of W_QKV are never computed. On the fast
+        path under ``fast.Policy.split_qkv``, three products on W_QKV's rows (BERT's three
+        projections): their gradients need no stacking into one, the same numbers."""
         b, n, d = x.shape
         h, hd = self.dims.n_heads, self.dims.head_dim
         owned = [m.own_heads() for m in self.mechanisms]
         own = [max([0, *(o.get(t, 0) for o in owned)]) for t in "qkv"]
-        if not any(own):
+        split = self.path == "fast" and fast.policy_for(x.device).split_qkv
+        if not any(own) and not split:
             return list(self.qkv(x).view(b, n, 3, h, hd).permute(2, 0, 3, 1, 4))
         widths = [(h - c) * hd for c in own]
         w, bias = self.qkv.weight, self.qkv.bias
         rows = [slice(i * d, i * d + width) for i, width in enumerate(widths)]
-        y = F.linear(x, torch.cat([w[r] for r in rows]),
-                     None if bias is None else torch.cat([bias[r] for r in rows]))
-        return [part.view(b, n, -1, hd).transpose(1, 2) for part in y.split(widths, -1)]
+        if split:
+            parts = [F.linear(x, w[r], None if bias is None else bias[r]) for r in rows]
+        else:
+            y = F.linear(x, torch.cat([w[r] for r in rows]),
+                         None if bias is None else torch.cat([bias[r] for r in rows]))
+            parts = list(y.split(widths, -1))
+        return [part.view(b, n, -1, hd).transpose(1, 2) for part in parts]
 
     def project(self, x: Tensor, ctx: Context) -> tuple[Tensor, Tensor, Tensor]:
         """q, k, v as [b, h, n, d_h] after every mechanism's q/k/v transform."""

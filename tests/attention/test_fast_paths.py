@@ -415,6 +415,35 @@ def test_models_on_every_path(spec: Any, causal: bool) -> None:
     assert against_reference(spec, causal, policies) <= {"sdpa", "dense", "banded", "flash_bias"}
 
 
+def backward_ops(t: torch.Tensor) -> set[str]:
+    """The names of the autograd nodes that produced ``t``."""
+    seen, todo, names = set(), [t.grad_fn], set()
+    while todo:
+        node = todo.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        names.add(type(node).__name__)
+        todo += [nxt for nxt, _ in node.next_functions]
+    return names
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["enc", "dec"])
+@pytest.mark.parametrize("spec", ["absolute", {"name": "conv_qkv", "fraction": 0.5}], ids=spec_id)
+def test_split_qkv_projection_equals_the_reference(spec: Any, causal: bool) -> None:
+    """``Policy.split_qkv``: the QKV projection as three products on W_QKV's rows (with and
+    without heads a mechanism supplies itself) gives the reference's hidden states and gradients,
+    and its backward stacks no q, k, v gradients (no unbind or split of one product)."""
+    against_reference(spec, causal, {"split": Policy(split_qkv=True)})
+    ids = torch.randint(0, 23, (2, N), generator=torch.Generator().manual_seed(2))
+    m = build(spec, causal, "fast")
+    fused = backward_ops(m.hidden(ids, None, None))
+    with using(Policy(split_qkv=True)):
+        split = backward_ops(m.hidden(ids, None, None))
+    assert fused & {"UnbindBackward0", "SplitWithSizesBackward0"}
+    assert not split & {"UnbindBackward0", "SplitWithSizesBackward0"}, split
+
+
 @pytest.mark.parametrize("causal", [False, True], ids=["enc", "dec"])
 @pytest.mark.parametrize("spec", ["dynamic_conv", "key_dynamic_conv", "composite", "deberta", "transformer_xl"])
 def test_skewed_relative_bias_equals_the_reference(spec: str, causal: bool) -> None:
