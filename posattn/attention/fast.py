@@ -55,8 +55,8 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
-from typing import Literal
+from dataclasses import dataclass, replace
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
@@ -139,12 +139,12 @@ OTHER_POLICY = Policy(dense_max_n=1 << 30, dense_grad_max_n=1 << 30, low_rank_de
 _OVERRIDE: list[Policy] = []
 
 
-def policy_for(device: torch.device) -> Policy:
+def policy_for(device: torch.device, **overrides: Any) -> Policy:
     """Defaults per device: the linear-memory CPU paths exist on CPU only; elsewhere the dense
-    bias (or FlexAttention on CUDA). Inside :func:`using`, that policy instead."""
-    if _OVERRIDE:
-        return _OVERRIDE[-1]
-    return CPU_POLICY if device.type == "cpu" else OTHER_POLICY
+    bias (or FlexAttention on CUDA). Inside :func:`using`, that policy instead; ``overrides``:
+    those fields changed."""
+    policy = _OVERRIDE[-1] if _OVERRIDE else CPU_POLICY if device.type == "cpu" else OTHER_POLICY
+    return replace(policy, **overrides) if overrides else policy
 
 
 @contextmanager

@@ -148,7 +148,7 @@ def _under_policy(case: Case, spec: CaseSpec, device: torch.device, record: bool
 
     def under(fn: Callable[[], None]) -> Callable[[], None]:
         def run() -> None:
-            with fast.using(replace(fast.policy_for(device), **overrides)):
+            with fast.using(fast.policy_for(device, **overrides)):
                 fn()
         return run
 

@@ -93,7 +93,7 @@ def child_main() -> None:
     job = json.load(sys.stdin)
     torch.set_num_threads(job["threads"])
     sizes = Sizes(**job["sizes"])
-    policy = fast.Policy(**{**fast.policy_for(torch.device(sizes.device)).__dict__, **job.get("policy", {})})
+    policy = fast.policy_for(torch.device(sizes.device), **job.get("policy", {}))
     with fast.using(policy):
         _child_cases(job, sizes)
 

@@ -100,7 +100,7 @@ def run(opts: BenchOptions, log: Callable[[str], None] = _log,
             if peer in peer_lib.available() and ours not in opts.mechanisms:
                 opts.mechanisms.append(ours)
     rows: list[dict[str, Any]] = []
-    policy = fast.Policy(**{**fast.policy_for(torch.device(opts.sizes.device)).__dict__, **opts.policy})
+    policy = fast.policy_for(torch.device(opts.sizes.device), **opts.policy)
     for n, batch in [(n, b) for b in opts.batches for n in opts.lengths]:
         sizes = Sizes(**{**opts.sizes.__dict__, "max_len": max(opts.lengths),
                          "batch": batch})

@@ -32,15 +32,14 @@ def test_fast_equals_reference_on_cuda(name, causal):
 def test_skewed_relative_bias_equals_reference_on_cuda(name):
     """The dense bias path with query/key-relative terms built by skewing (the GPU command's A/B
     arm), instead of FlexAttention."""
-    with fast.using(fast.Policy(**{**fast.policy_for(torch.device("cuda")).__dict__, "use_flex": False,
-                                   "relative_bias": "skew"})):
+    with fast.using(fast.policy_for(torch.device("cuda"), use_flex=False, relative_bias="skew")):
         check_fast_against_reference(name, False)
 
 
 def test_flex_formula_equals_reference_on_cuda():
     """ALiBi's bias computed per score in FlexAttention (``Policy.flex_formula``, the GPU command's
     A/B arm), outputs and gradients."""
-    with fast.using(fast.Policy(**{**fast.policy_for(torch.device("cuda")).__dict__, "flex_formula": True})):
+    with fast.using(fast.policy_for(torch.device("cuda"), flex_formula=True)):
         check_fast_against_reference("alibi", False)
 
 
@@ -49,7 +48,7 @@ def test_flex_formula_equals_reference_on_cuda():
 def test_compiled_convolutions_equal_reference_on_cuda(name, causal):
     """The short depthwise convolutions through torch.compile (``Policy.compiled_conv``, the GPU
     command's A/B arm)."""
-    with fast.using(fast.Policy(**{**fast.policy_for(torch.device("cuda")).__dict__, "compiled_conv": True})):
+    with fast.using(fast.policy_for(torch.device("cuda"), compiled_conv=True)):
         check_fast_against_reference(name, causal)
 
 
@@ -137,7 +136,7 @@ def test_sdpa_backend_takes_that_kernel_on_cuda(backend):
     from posattn.bench.cases import BASELINE, CaseSpec, Sizes, layer_case
 
     sizes = Sizes(device="cuda", dtype="bfloat16", batch=2, max_len=256)
-    policy = fast.Policy(**{**fast.policy_for(torch.device("cuda")).__dict__, "sdpa_backend": backend})
+    policy = fast.policy_for(torch.device("cuda"), sdpa_backend=backend)
     with fast.using(policy):
         case = layer_case(CaseSpec("layer", BASELINE, 256), sizes, record=False)
         with torch.profiler.profile() as prof:
