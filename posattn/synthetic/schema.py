@@ -198,7 +198,8 @@ class CompareConfig(Schema):
         for n, lengths in self.lengths().items():
             for length in lengths:
                 try:
-                    generate(self.task, 1, length, self.vocab_size, self.data_seed, "test", **self.task_params_at(n))
+                    generate(self.task, 1, length, self.vocab_size, self.data_seed, "test",
+                             **task_params_at(self.task_params, n))
                 except TaskError as e:
                     problems.append(f"task {self.task} at length {length} (training length {n}): {e}")
         specs = self.row_specs()
@@ -225,10 +226,6 @@ class CompareConfig(Schema):
             return {n: sorted(set(self.test_lengths)) for n in self.train_length}
         multipliers = self.test_multipliers or DEFAULT_MULTIPLIERS
         return {n: sorted({max(2, round(m * n)) for m in multipliers}) for n in self.train_length}
-
-    def task_params_at(self, train_length: int) -> dict[str, Any]:
-        """The task's options at one training length (:func:`task_params_at`)."""
-        return task_params_at(self.task_params, train_length)
 
     def row_specs(self) -> list[dict[str, Any]]:
         """One spec per (model entry, depth): where it is, label, mechanisms, layers and the model settings

@@ -93,8 +93,8 @@ def test_padding_for_captured_tensors_equals_f_pad(shape, dim, before, after, va
     import torch.nn.functional as F
 
     from posattn.attention.flex import _padded
-    x = torch.randn(shape) if isinstance(value, float) and not isinstance(value, bool) else (
-        torch.rand(shape) > 0.5 if isinstance(value, bool) else torch.randint(0, 5, shape))
+    x = (torch.rand(shape) > 0.5 if isinstance(value, bool) else
+         torch.randn(shape) if isinstance(value, float) else torch.randint(0, 5, shape))
     sizes = [0, 0] * (-dim - 1) + [before, after]
     want = F.pad(x, sizes, value=value)
     got = _padded(x, dim, before, after, value)
