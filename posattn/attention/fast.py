@@ -127,6 +127,11 @@ class Policy:
     # profile against BERT: aten::cat 1.75 ms and aten::copy_ 1.43 ms of a 47 ms step, BERT's three
     # projections having neither); an A/B arm of the GPU command
     split_qkv: bool = False
+    # FlexAttention's kernels with the Tensor Memory Accelerator of Hopper GPUs (kernel option
+    # USE_TMA; torch's default is off). Its forward took 1.52 ms against 0.58 ms for SDPA's cuDNN
+    # kernel at n 4096 on an H100 (ALiBi, batch 16, 4 heads of 64); an A/B arm of the GPU command.
+    # Other devices ignore it
+    flex_tma: bool = False
 
 
 CPU_POLICY = Policy()
@@ -339,7 +344,8 @@ def run(path: Path, q: Tensor, k: Tensor, v: Tensor, terms: list[Term], keep: Te
     if path == "dense":
         return _dense(q, k, v, low, rest, keep, causal, scale, p, policy, documents)
     if path == "flex":
-        return flex_attend(q, k, v, low, rest, keep, causal, scale, documents, formulas=policy.flex_formula)
+        return flex_attend(q, k, v, low, rest, keep, causal, scale, documents, formulas=policy.flex_formula,
+                           tma=policy.flex_tma)
     if path == "fused":
         for t in rest + low:
             if not t.fusable():

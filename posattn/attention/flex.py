@@ -53,7 +53,7 @@ def _padded(x: Tensor, dim: int, before: int, after: int, value: float | bool = 
 
 def flex_attend(q: Tensor, k: Tensor, v: Tensor, low: list[LowRank], rest: list[Term],
                 keep: Tensor | None, causal: bool, scale: float, documents: Tensor | None = None,
-                formulas: bool = False) -> Tensor:
+                formulas: bool = False, tma: bool = False) -> Tensor:
     """Attention [b, h, n, d_v] with every term inside FlexAttention (CUDA).
 
     The length is padded up to a multiple of :data:`BLOCK` (FlexAttention's block, so no extra
@@ -62,7 +62,8 @@ def flex_attend(q: Tensor, k: Tensor, v: Tensor, low: list[LowRank], rest: list[
     compiled kernel per padded length instead of compiling one per length. Padded keys are
     masked; padded query rows are dropped. ``documents`` ([b, n]): a query sees only the keys of
     its own document. ``formulas``: a Toeplitz term with a ``formula`` is computed per score
-    from it instead of read from its table."""
+    from it instead of read from its table. ``tma``: the kernels load through the Tensor Memory
+    Accelerator (kernel option ``USE_TMA``, Hopper GPUs; ignored elsewhere)."""
     from torch.nn.attention.flex_attention import create_block_mask
 
     b, h, n, _ = q.shape
@@ -139,5 +140,6 @@ def flex_attend(q: Tensor, k: Tensor, v: Tensor, low: list[LowRank], rest: list[
             return ok & (seen | (ki == qi))
 
         block_mask = create_block_mask(mask_mod, b if batched else None, None, big, big, device=q.device)
-    o = _flex()(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=1.0)
+    o = _flex()(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=1.0,
+                kernel_options={"USE_TMA": True} if tma else None)
     return o[:, :, :n, :d_v]

@@ -54,6 +54,7 @@ from ..errors import PositionError
 from ..options import plain
 from ..runtime.compile import COMPILE_MODES
 from ..runtime.files import check_name, write_bytes_atomic, write_text_atomic
+from . import attempts
 from .cases import Sizes, spec_label
 from .report import save_json
 from .spec import fields_text
@@ -115,6 +116,10 @@ AB_RUNS: list[tuple[int, int, int, float, list[str], dict[str, Any]]] = [
     # the encoder's shape: its QKV projection as three products, whose backward stacks no dq, dk, dv
     # (posattn_encoder against BERT, 0.99x, spent 1.75 ms in aten::cat and 1.43 in aten::copy_)
     (512, 32, 12, 0.1, ["absolute"], {"split_qkv": True}),
+    # FlexAttention's kernels through Hopper's Tensor Memory Accelerator (torch's USE_TMA, off by
+    # default): its forward is the same 1.52-1.59 ms whatever the score_mod reads (alibi, t5, tisa,
+    # fixed_conv, diet_rel at n 4096, 2026-11-27, H100), so the kernel itself is the cost
+    (4096, 16, 4, 0.0, ["alibi", "t5"], {"flex_tma": True}),
     (512, 32, 12, 0.1, RELATIVE, {"relative_bias": "gather"}),
     (4096, 16, 4, 0.0, RELATIVE, {"use_flex": False, "relative_bias": "skew"}),
     # the short depthwise convolutions compiled: CAT's whole encoder spent 27 of its 79 ms of kernels
@@ -289,6 +294,12 @@ def layer_todo(s: Settings, mode: str, hw: str | None = None) -> list[tuple[Size
     return out
 
 
+def layer_unit(mode: str, sizes: Sizes, mechs: list[str], policy: dict[str, Any]) -> str:
+    """A layer run's name in the log and in the ledger of unfinished units (:mod:`.attempts`)."""
+    return (f"layer {mode_name(mode)} n={sizes.max_len} batch={sizes.batch} {' '.join(mechs)}"
+            + (f" {fields_text(policy)}" if policy else ""))
+
+
 def layer_stage(s: Settings, mode: str, rows_out: Path) -> None:
     """Measure every layer setup of ``mode`` ("eager" or a compile mode) not yet in the store."""
     import torch
@@ -298,10 +309,11 @@ def layer_stage(s: Settings, mode: str, rows_out: Path) -> None:
     from .store import LAYER_RECIPE, publish_rows
 
     compiled = mode != "eager"
-    for sizes, todo, policy in layer_todo(s, mode):
+    for sizes, todo, policy in attempts.in_turn("layer_compiled" if compiled else "layer_eager",
+                                                layer_todo(s, mode), lambda u: layer_unit(mode, *u), s.results):
         overrides = fields_text(policy)
-        where = f"layer {mode_name(mode)} n={sizes.max_len} batch={sizes.batch}" + (f" {overrides}" if policy else "")
-        _log(f"{where}: {', '.join(todo)}")
+        where = layer_unit(mode, sizes, todo, policy)
+        _log(where)
         opts = BenchOptions(mechanisms=[[m] for m in todo], lengths=[sizes.max_len], kinds=("layer",), sizes=sizes,
                             batches=[sizes.batch], threads=min(16, torch.get_num_threads()), repeats=s.repeats,
                             warmup=1 if compiled else 0,  # eager: building the case ran each step once
@@ -372,7 +384,8 @@ def model_stage(s: Settings, rows_out: Path) -> None:
 
     sizes = model_sizes(s)
     n = sizes.max_len
-    for group in model_todo(s):
+    for group in attempts.in_turn("models", model_todo(s), lambda g: f"n={n} batch={sizes.batch}: {', '.join(g)}",
+                                  s.results):
         _log(f"models n={n} batch={sizes.batch}: {', '.join(CaseSpec('model', g, n).label for g in group)}")
         opts = BenchOptions(kinds=("model",), models=group, lengths=[n], batches=[sizes.batch], sizes=sizes,
                             threads=min(16, torch.get_num_threads()), repeats=s.repeats, warmup=1,
@@ -395,10 +408,15 @@ def throughput_stage(s: Settings, rows_out: Path) -> None:
     settings are all in the store is skipped, each row is stored when measured."""
     from .throughput import Setting, bench
 
+    def key(setting: Setting) -> str:
+        return f"throughput: {setting.workers} worker(s), {setting.mode}"
+
+    # the baseline runs first in any case (every ratio is to it, same run); the others in ledger order
+    wanted = attempts.in_order([Setting(w, c) for w, c in s.throughput_settings], key, s.results)
     errors: list[str] = []
-    rows = bench(THROUGHPUT_RECIPE, s.throughput_cells, [Setting(w, c) for w, c in s.throughput_settings],
-                 s.throughput_steps, s.throughput_warmup, s.device, root=s.results, skip_stored=True, log=_log,
-                 errors=errors)
+    rows = bench(THROUGHPUT_RECIPE, s.throughput_cells, wanted, s.throughput_steps, s.throughput_warmup, s.device,
+                 root=s.results, skip_stored=True, log=_log, errors=errors,
+                 attempt=lambda setting: attempts.running(key(setting), s.results))
     _append_rows(rows_out, rows)
     _log(f"throughput: {len(rows)} settings measured, {len(errors)} failed")
 
@@ -467,7 +485,9 @@ def profile_stage(s: Settings) -> None:
     from .run import BenchOptions, run
     from .store import PROFILE_RECIPE, publish_recipe, publish_rows
 
-    for bench, sizes, names in profile_todo(s):
+    for bench, sizes, names in attempts.in_turn("profile", profile_todo(s),
+                                                lambda u: f"{u[0]} n={u[1].max_len} batch={u[1].batch}: "
+                                                          f"{', '.join(u[2])}", s.results):
         n = sizes.max_len
         where = f"profile {bench} n={n} batch={sizes.batch}"
         _log(f"{where}: {', '.join(names)}")
@@ -526,11 +546,16 @@ def ab_stage(s: Settings, rows_out: Path) -> None:
     from .run import BenchOptions, run
     from .store import AB_RECIPE, publish_rows
 
-    for sizes, mechs, ab in ab_todo(s):
+    def name(unit: tuple[Sizes, list[str], dict[str, Any]]) -> str:
+        sizes, mechs, ab = unit
+        return (f"n={sizes.max_len} batch={sizes.batch} heads={sizes.heads} dropout={sizes.dropout}: "
+                f"{', '.join(mechs)} against --ab {fields_text(ab)}")
+
+    for sizes, mechs, ab in attempts.in_turn("ab", ab_todo(s), name, s.results):
         n = sizes.max_len
         overrides = fields_text(ab)
         where = f"ab n={n} batch={sizes.batch} heads={sizes.heads} dropout={sizes.dropout}"
-        _log(f"{where}: {', '.join(mechs)} against --ab {overrides}")
+        _log(f"ab {name((sizes, mechs, ab))}")
         opts = BenchOptions(mechanisms=[[m] for m in mechs], lengths=[n], kinds=("layer",), sizes=sizes,
                             batches=[sizes.batch], threads=min(16, torch.get_num_threads()), repeats=s.repeats,
                             warmup=1, memory=False, ab=dict(ab))
@@ -645,8 +670,11 @@ class Driver:
             status = "done" if rc == 0 else "stopped at its time box" if rc is None else f"failed (exit {rc})"
             self.results.append(StageResult(name, status, seconds))
             self.spare = 0.0 if rc is None else max(0.0, box - seconds)
-        if left:
-            self.results[-1].note = left()
+        notes = [left()] if left else []
+        stuck = [key for key in attempts.load(self.s.results) if key.startswith(f"{name}: ")]
+        if stuck:
+            notes.append(f"{len(stuck)} unit(s) unfinished in some window, run after the others")
+        self.results[-1].note = "; ".join(notes)
         self.finish()
 
     def layer_left(self, mode: str) -> str:

@@ -42,6 +42,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -317,13 +318,15 @@ def command_line(recipe: str, cells: list[str], wanted: list[Setting], steps: in
 
 def bench(recipe: str, picks: list[str], wanted: list[Setting], steps: int, warmup: int, device: str = "auto",
           threads: int = 1, root: str | Path | None = None, store_rows: bool = True, skip_stored: bool = False,
-          log: Callable[[str], None] | None = None, errors: list[str] | None = None) -> list[dict[str, Any]]:
+          log: Callable[[str], None] | None = None, errors: list[str] | None = None,
+          attempt: Callable[[Setting], AbstractContextManager[Any]] | None = None) -> list[dict[str, Any]]:
     """Measure every setting of ``wanted`` (the baseline first) on each picked cell of the compare
     recipe ``recipe``; each row gets ``vs_baseline`` (its cells per hour ÷ the baseline's, same run)
     and, with ``store_rows``, is stored as soon as it is measured. ``skip_stored``: a cell whose
     settings all have records is not measured (the GPU command's next window measures the rest).
     A failed setting raises its RunError, or with ``errors`` is appended there and the next one
-    runs (a failed baseline skips its cell: no ratio could be formed)."""
+    runs (a failed baseline skips its cell: no ratio could be formed). ``attempt(setting)``: a
+    context each setting is measured and stored in (the GPU command's ledger of unfinished units)."""
     from ..experiments.store import hardware, provenance
     from ..runtime.compile import check_mode
     from ..runtime.device import resolve_device
@@ -351,22 +354,24 @@ def bench(recipe: str, picks: list[str], wanted: list[Setting], steps: int, warm
         base = None
         for setting in [BASELINE, *[s for s in todo if s != BASELINE]]:
             say(f"{cell.label} n={cell.train_length} d={cell.d_model}: {setting.workers} worker(s), {setting.mode}")
-            try:
-                row = measure(cell, setting, steps, warmup, device, threads)
-            except RunError as e:
-                if errors is None:
-                    raise
-                errors.append(str(e))
-                say(str(e))
-                if base is None:
-                    break
-                continue
-            base = base or row
-            row["vs_baseline"] = row["cells_per_hour"] / base["cells_per_hour"]
-            row["recipe"], row["device"] = name, device
-            rows.append(row)
-            if store_rows:
-                publish(name, row, warmup, threads, prov, root)
+            with (attempt or (lambda _: nullcontext()))(setting):
+                try:
+                    row = measure(cell, setting, steps, warmup, device, threads)
+                except RunError as e:
+                    if errors is None:
+                        raise
+                    errors.append(str(e))
+                    say(str(e))
+                    row = None
+                if row is not None:
+                    base = base or row
+                    row["vs_baseline"] = row["cells_per_hour"] / base["cells_per_hour"]
+                    row["recipe"], row["device"] = name, device
+                    rows.append(row)
+                    if store_rows:
+                        publish(name, row, warmup, threads, prov, root)
+            if row is None and base is None:
+                break
     return rows
 
 

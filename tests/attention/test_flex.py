@@ -132,3 +132,30 @@ def test_a_toeplitz_formula_is_computed_per_score_and_equals_the_table(learned: 
     err = (got - want).permute(0, 2, 1, 3)[keep].abs().max().item()
     assert err < 2e-5, f"max error {err:.1e}"
     assert (doubled - got).abs().max() > 1e-2 and torch.allclose(table_only, got, atol=2e-5)
+
+
+def test_tma_is_a_kernel_option_and_changes_no_number(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``tma=True`` (``Policy.flex_tma``, the GPU command's A/B arm) hands FlexAttention the kernel
+    option ``USE_TMA`` and nothing else; the CPU's kernel ignores it, so the output is the same
+    (the CUDA test compares it with the reference in outputs and gradients)."""
+    from posattn.attention import flex as flex_module
+
+    real = flex_module._flex()
+    options: list[object] = []
+
+    def spy(*args: object, **kw: object) -> torch.Tensor:
+        options.append(kw.get("kernel_options"))
+        return real(*args, **kw)
+
+    monkeypatch.setitem(flex_module._COMPILED, "flex", spy)
+    n = BLOCK - 28
+    q, k, v, terms = every_kind(n, 5)
+    keep = torch.ones(B, n, dtype=torch.bool)
+    keep[1, n - 5:] = False
+    low = [t for t in terms if isinstance(t, LowRank)]
+    rest = [t for t in terms if not isinstance(t, LowRank)]
+    with torch.no_grad():
+        plain = flex_attend(q, k, v, low, rest, keep, False, 1 / math.sqrt(D))
+        tma = flex_attend(q, k, v, low, rest, keep, False, 1 / math.sqrt(D), tma=True)
+    assert options == [None, {"USE_TMA": True}]
+    assert torch.equal(plain, tma)

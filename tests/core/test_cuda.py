@@ -43,6 +43,15 @@ def test_flex_formula_equals_reference_on_cuda():
         check_fast_against_reference("alibi", False)
 
 
+@pytest.mark.parametrize("name", ["alibi", "t5", "dynamic_conv"])
+def test_flex_tma_equals_reference_on_cuda(name):
+    """FlexAttention's kernels with the Tensor Memory Accelerator (``Policy.flex_tma``, the GPU
+    command's A/B arm): a fixed table, a learned one and query/key-relative products, outputs and
+    gradients."""
+    with fast.using(fast.policy_for(torch.device("cuda"), flex_tma=True)):
+        check_fast_against_reference(name, False)
+
+
 @pytest.mark.parametrize("name", ["cat", "depthwise_conv", "conv_qkv"])
 @pytest.mark.parametrize("causal", [False, True], ids=["encoder", "decoder"])
 def test_compiled_convolutions_equal_reference_on_cuda(name, causal):
