@@ -132,6 +132,11 @@ class Policy:
     # kernel at n 4096 on an H100 (ALiBi, batch 16, 4 heads of 64); an A/B arm of the GPU command.
     # Other devices ignore it
     flex_tma: bool = False
+    # FlexAttention compiled with mode "max-autotune-no-cudagraphs": Inductor times its candidate
+    # block sizes, warps and stages per shape and keeps the fastest, where the default takes one
+    # configuration per GPU and head size (the first call per shape then takes longer); an A/B arm
+    # of the GPU command
+    flex_autotune: bool = False
 
 
 CPU_POLICY = Policy()
@@ -345,7 +350,7 @@ def run(path: Path, q: Tensor, k: Tensor, v: Tensor, terms: list[Term], keep: Te
         return _dense(q, k, v, low, rest, keep, causal, scale, p, policy, documents)
     if path == "flex":
         return flex_attend(q, k, v, low, rest, keep, causal, scale, documents, formulas=policy.flex_formula,
-                           tma=policy.flex_tma)
+                           tma=policy.flex_tma, autotune=policy.flex_autotune)
     if path == "fused":
         for t in rest + low:
             if not t.fusable():

@@ -24,8 +24,15 @@ BLOCK = 128   # FlexAttention's default block size (queries and keys)
 _COMPILED: dict[str, Callable[..., Tensor]] = {}
 
 
-def _flex() -> Callable[..., Tensor]:
-    if "flex" not in _COMPILED:
+AUTOTUNE = "max-autotune-no-cudagraphs"   # the torch.compile mode of ``flex_attend(autotune=True)``
+
+
+def _flex(autotune: bool = False) -> Callable[..., Tensor]:
+    """FlexAttention through ``torch.compile`` (its fused kernels), with :data:`AUTOTUNE` when
+    ``autotune``: a compiled function of its own, whose Dynamo cache entries are apart from the
+    default's (guarded on the backend), so both can run in one process (an A/B)."""
+    key = f"flex {AUTOTUNE}" if autotune else "flex"
+    if key not in _COMPILED:
         import torch._dynamo
         from torch.nn.attention.flex_attention import flex_attention
 
@@ -34,8 +41,8 @@ def _flex() -> Callable[..., Tensor]:
         cfg = torch._dynamo.config
         cfg.recompile_limit = max(cfg.recompile_limit, 256)
         cfg.accumulated_recompile_limit = max(cfg.accumulated_recompile_limit, 1024)
-        _COMPILED["flex"] = torch.compile(flex_attention, dynamic=False)
-    return _COMPILED["flex"]
+        _COMPILED[key] = torch.compile(flex_attention, dynamic=False, mode=AUTOTUNE if autotune else None)
+    return _COMPILED[key]
 
 
 def _padded(x: Tensor, dim: int, before: int, after: int, value: float | bool = 0.0) -> Tensor:
@@ -53,7 +60,7 @@ def _padded(x: Tensor, dim: int, before: int, after: int, value: float | bool = 
 
 def flex_attend(q: Tensor, k: Tensor, v: Tensor, low: list[LowRank], rest: list[Term],
                 keep: Tensor | None, causal: bool, scale: float, documents: Tensor | None = None,
-                formulas: bool = False, tma: bool = False) -> Tensor:
+                formulas: bool = False, tma: bool = False, autotune: bool = False) -> Tensor:
     """Attention [b, h, n, d_v] with every term inside FlexAttention (CUDA).
 
     The length is padded up to a multiple of :data:`BLOCK` (FlexAttention's block, so no extra
@@ -63,7 +70,8 @@ def flex_attend(q: Tensor, k: Tensor, v: Tensor, low: list[LowRank], rest: list[
     masked; padded query rows are dropped. ``documents`` ([b, n]): a query sees only the keys of
     its own document. ``formulas``: a Toeplitz term with a ``formula`` is computed per score
     from it instead of read from its table. ``tma``: the kernels load through the Tensor Memory
-    Accelerator (kernel option ``USE_TMA``, Hopper GPUs; ignored elsewhere)."""
+    Accelerator (kernel option ``USE_TMA``, Hopper GPUs; ignored elsewhere). ``autotune``: the
+    kernels' configuration chosen by timing (:data:`AUTOTUNE`)."""
     from torch.nn.attention.flex_attention import create_block_mask
 
     b, h, n, _ = q.shape
@@ -140,6 +148,6 @@ def flex_attend(q: Tensor, k: Tensor, v: Tensor, low: list[LowRank], rest: list[
             return ok & (seen | (ki == qi))
 
         block_mask = create_block_mask(mask_mod, b if batched else None, None, big, big, device=q.device)
-    o = _flex()(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=1.0,
+    o = _flex(autotune)(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=1.0,
                 kernel_options={"USE_TMA": True} if tma else None)
     return o[:, :, :n, :d_v]

@@ -159,3 +159,30 @@ def test_tma_is_a_kernel_option_and_changes_no_number(monkeypatch: pytest.Monkey
         tma = flex_attend(q, k, v, low, rest, keep, False, 1 / math.sqrt(D), tma=True)
     assert options == [None, {"USE_TMA": True}]
     assert torch.equal(plain, tma)
+
+
+def test_autotune_compiles_flex_attention_apart_with_the_same_output(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``autotune=True`` (``Policy.flex_autotune``, the GPU command's A/B arm) runs FlexAttention
+    compiled in its own ``torch.compile`` with mode max-autotune-no-cudagraphs, beside the default
+    one (an A/B in one process), and gives the default's output."""
+    from posattn.attention import flex as flex_module
+
+    modes: list[object] = []
+    real_compile = torch.compile
+
+    def spy(fn: object, **kw: object) -> object:
+        modes.append(kw.get("mode"))
+        return real_compile(fn, **kw)
+
+    monkeypatch.setattr(flex_module, "_COMPILED", {})
+    monkeypatch.setattr(torch, "compile", spy)
+    n = BLOCK - 28
+    q, k, v, terms = every_kind(n, 6)
+    low = [t for t in terms if isinstance(t, LowRank)]
+    rest = [t for t in terms if not isinstance(t, LowRank)]
+    with torch.no_grad():
+        plain = flex_attend(q, k, v, low, rest, None, True, 1 / math.sqrt(D))
+        tuned = flex_attend(q, k, v, low, rest, None, True, 1 / math.sqrt(D), autotune=True)
+        again = flex_attend(q, k, v, low, rest, None, True, 1 / math.sqrt(D), autotune=True)
+    assert modes == [None, flex_module.AUTOTUNE]   # one compiled function each, kept
+    assert torch.allclose(plain, tuned, atol=1e-6) and torch.equal(tuned, again)

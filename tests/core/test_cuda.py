@@ -52,6 +52,13 @@ def test_flex_tma_equals_reference_on_cuda(name):
         check_fast_against_reference(name, False)
 
 
+def test_flex_autotune_equals_reference_on_cuda():
+    """FlexAttention compiled with max-autotune-no-cudagraphs (``Policy.flex_autotune``, the GPU
+    command's A/B arm), a learned table, outputs and gradients."""
+    with fast.using(fast.policy_for(torch.device("cuda"), flex_autotune=True)):
+        check_fast_against_reference("t5", False)
+
+
 @pytest.mark.parametrize("name", ["cat", "depthwise_conv", "conv_qkv"])
 @pytest.mark.parametrize("causal", [False, True], ids=["encoder", "decoder"])
 def test_compiled_convolutions_equal_reference_on_cuda(name, causal):
