@@ -58,9 +58,54 @@ def _padded(x: Tensor, dim: int, before: int, after: int, value: float | bool = 
     return torch.where(inside, x.index_select(dim, idx.clamp(0, size - 1)), value)
 
 
+def _scorer(big: int, table: Tensor | None, closed: list[Callable[[Tensor, Tensor], Tensor]],
+            query_prods: list[tuple[Tensor, int]], key_prods: list[tuple[Tensor, int]], dense: list[Tensor],
+            sided: list[tuple[Tensor, ...]]) -> Callable[..., Tensor]:
+    """FlexAttention's ``score_mod`` over the captured tensors (N = ``big``): the Toeplitz table at
+    offset j − i, the closed forms, the query-/key-relative products at the clipped offset, the
+    dense biases and the two-sided vectors. Plain tensor indexing, so it also scores a whole band
+    of index tensors at once (:mod:`.flex_band`)."""
+    def score_mod(score: Tensor, bi: Tensor, hi: Tensor, qi: Tensor, ki: Tensor) -> Tensor:
+        r = ki - qi
+        if table is not None:
+            score = score + table[hi, r + big - 1]
+        for formula in closed:
+            score = score + formula(hi, r)
+        for prod, w in query_prods:
+            score = score + prod[bi, hi, qi, torch.clamp(r, -w, w) + w]
+        for prod, w in key_prods:
+            score = score + prod[bi, hi, ki, torch.clamp(-r, -w, w) + w]
+        for bias in dense:
+            score = score + bias[bi, hi, qi, ki]
+        for a, x, b_, y in sided:
+            score = score + torch.where(ki <= qi, a[bi, hi, qi] + x[bi, hi, ki], b_[bi, hi, qi] + y[bi, hi, ki])
+        return score
+
+    return score_mod
+
+
+def _band_applies(table: Tensor | None, query_prods: list[tuple[Tensor, int]], key_prods: list[tuple[Tensor, int]],
+                  dense: list[Tensor], sided: list[tuple[Tensor, ...]], toeplitz_windows: list[int | None],
+                  n: int) -> bool:
+    """Whether :mod:`.flex_band` can give every captured gradient: some query-relative product or
+    the Toeplitz table needs one, every such table has a window, nothing else captured needs one,
+    and the band (2w + 1 offsets) is at most half the length; eager only (inside a ``torch.compile``d
+    step FlexAttention's own backward stays)."""
+    if not torch.is_grad_enabled() or torch.compiler.is_compiling():
+        return False
+    learned = [w for p, w in query_prods if p.requires_grad]
+    if table is not None and table.requires_grad:
+        if any(w is None for w in toeplitz_windows):
+            return False
+        learned += [w for w in toeplitz_windows if w is not None]
+    others = [p for p, _ in key_prods] + dense + [x for parts in sided for x in parts]
+    return bool(learned) and not any(x.requires_grad for x in others) and 2 * max(learned) + 1 <= n // 2
+
+
 def flex_attend(q: Tensor, k: Tensor, v: Tensor, low: list[LowRank], rest: list[Term],
                 keep: Tensor | None, causal: bool, scale: float, documents: Tensor | None = None,
-                formulas: bool = False, tma: bool = False, autotune: bool = False) -> Tensor:
+                formulas: bool = False, tma: bool = False, autotune: bool = False,
+                band_grads: bool = False) -> Tensor:
     """Attention [b, h, n, d_v] with every term inside FlexAttention (CUDA).
 
     The length is padded up to a multiple of :data:`BLOCK` (FlexAttention's block, so no extra
@@ -71,7 +116,9 @@ def flex_attend(q: Tensor, k: Tensor, v: Tensor, low: list[LowRank], rest: list[
     its own document. ``formulas``: a Toeplitz term with a ``formula`` is computed per score
     from it instead of read from its table. ``tma``: the kernels load through the Tensor Memory
     Accelerator (kernel option ``USE_TMA``, Hopper GPUs; ignored elsewhere). ``autotune``: the
-    kernels' configuration chosen by timing (:data:`AUTOTUNE`)."""
+    kernels' configuration chosen by timing (:data:`AUTOTUNE`). ``band_grads``: windowed terms that
+    learn get their gradients from the band and two far sums per row (:mod:`.flex_band`) instead of
+    FlexAttention's per-score atomic adds, where that covers every captured gradient."""
     from torch.nn.attention.flex_attention import create_block_mask
 
     b, h, n, _ = q.shape
@@ -115,23 +162,15 @@ def flex_attend(q: Tensor, k: Tensor, v: Tensor, low: list[LowRank], rest: list[
         else:  # low-rank terms arrive in ``low``, folded above
             raise refused("flex", t)
 
-    def score_mod(score: Tensor, bi: Tensor, hi: Tensor, qi: Tensor, ki: Tensor) -> Tensor:
-        r = ki - qi
-        if table is not None:
-            score = score + table[hi, r + big - 1]
-        for formula in closed:
-            score = score + formula(hi, r)
-        for prod, w in query_prods:
-            score = score + prod[bi, hi, qi, torch.clamp(r, -w, w) + w]
-        for prod, w in key_prods:
-            score = score + prod[bi, hi, ki, torch.clamp(-r, -w, w) + w]
-        for bias in dense:
-            score = score + bias[bi, hi, qi, ki]
-        for a, x, b_, y in sided:
-            score = score + torch.where(ki <= qi, a[bi, hi, qi] + x[bi, hi, ki], b_[bi, hi, qi] + y[bi, hi, ki])
-        return score
+    toeplitz_windows = [t.window for t in rest if isinstance(t, Toeplitz) and not (formulas and t.formula)]
+    band_mode = band_grads and _band_applies(table, query_prods, key_prods, dense, sided, toeplitz_windows, n)
+    if band_mode:   # FlexAttention reads them detached; BandGrads hands them their gradients
+        learned_table, learned = table, [(p, w) for p, w in query_prods if p.requires_grad]
+        table = None if table is None else table.detach()
+        query_prods = [(p.detach(), w) for p, w in query_prods]
+    score_mod = _scorer(big, table, closed, query_prods, key_prods, dense, sided)
 
-    block_mask = None
+    block_mask, mask_mod, batched = None, None, False
     if causal or keep is not None or extra or documents is not None:
         if keep is None:
             keep = torch.ones(1, n, dtype=torch.bool, device=q.device)
@@ -148,6 +187,29 @@ def flex_attend(q: Tensor, k: Tensor, v: Tensor, low: list[LowRank], rest: list[
             return ok & (seen | (ki == qi))
 
         block_mask = create_block_mask(mask_mod, b if batched else None, None, big, big, device=q.device)
-    o = _flex(autotune)(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=1.0,
-                kernel_options={"USE_TMA": True} if tma else None)
+    flex = _flex(autotune)
+    options = {"USE_TMA": True} if tma else None
+    if not band_mode:
+        o = flex(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=1.0, kernel_options=options)
+        return o[:, :, :n, :d_v]
+    from torch.nn.attention.flex_attention import AuxRequest
+
+    from .flex_band import Band, BandGrads
+
+    def restricted(region: Callable[..., Tensor] | None) -> tuple[Tensor, Tensor]:
+        """Output and log-sum-exp of the attention over the keys ``region`` also allows."""
+        both = region if mask_mod is None or region is None else (
+            lambda bi, hi, qi, ki: mask_mod(bi, hi, qi, ki) & region(bi, hi, qi, ki))
+        where = None if both is None else create_block_mask(both, b if batched else None, None, big, big,
+                                                             device=q.device)
+        out, aux = flex(q.detach(), k.detach(), v.detach(), score_mod=score_mod, block_mask=where, scale=1.0,
+                        kernel_options=options, return_aux=AuxRequest(lse=True))
+        return out, aux.lse
+
+    o, aux = flex(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=1.0, kernel_options=options,
+                  return_aux=AuxRequest(lse=True))
+    table_grad = learned_table is not None and learned_table.requires_grad
+    table_window = max(w for w in toeplitz_windows if w is not None) if table_grad else None
+    band = Band(score_mod, mask_mod, [w for _, w in learned], table_window, causal, restricted)
+    o = BandGrads.apply(o, aux.lse, q, k, v, band, learned_table if table_grad else None, *[p for p, _ in learned])
     return o[:, :, :n, :d_v]
