@@ -330,9 +330,9 @@ def test_ab_stage_times_both_arms_in_one_run_and_stores_each_once(tmp_path: Path
     s = tiny(tmp_path, mechanisms=["dynamic_conv", "t5"])
     runs = gpu_check.ab_todo(s)
     assert [(z.max_len, z.batch, z.dropout, mechs, ab) for z, mechs, ab in runs] == [
-        (32, 2, 0.0, ["t5"], {"flex_tma": True}),
         (32, 2, 0.0, ["dynamic_conv"], {"flex_band_grads": True}),
         (32, 2, 0.0, ["t5"], {"flex_band_grads": True}),
+        (32, 2, 0.0, ["t5"], {"flex_tma": True}),
         (32, 2, 0.1, ["dynamic_conv"], {"relative_bias": "gather"}),
         (32, 2, 0.0, ["dynamic_conv"], {"use_flex": False, "relative_bias": "skew"})]
     gpu_check.ab_stage(s, tmp_path / "rows.json")
