@@ -1,8 +1,10 @@
 """The band gradients of windowed captured terms (``flex_band``) equal autograd through dense
 attention: the band products, the query-relative products' gradient slot by slot (the far sums in
 the edge slots), a Toeplitz table's gradient as the parameters behind its clipped entries receive
-it, with padded keys and causal rows. FlexAttention itself trains only on CUDA, so here the
-restricted forwards are dense (the CUDA test runs the whole path through FlexAttention)."""
+it, with padded keys and causal rows; and ``flex_attend(band_grads=True)`` gives FlexAttention's own
+gradients end to end. FlexAttention itself trains only on CUDA, so here its contract (scores through
+``score_mod``, the block mask, the log-sum-exp) is computed densely; the CUDA test runs the whole
+path through FlexAttention's kernels."""
 from __future__ import annotations
 
 import pytest
@@ -80,3 +82,64 @@ def test_the_band_applies_only_where_it_gives_every_captured_gradient() -> None:
     assert not _band_applies(None, [(learned, 20)], [], [], [], [], n)        # the band is most of the row
     with torch.no_grad():
         assert not _band_applies(None, [(learned, 3)], [], [], [], [], n)
+
+
+def dense_flex(q, k, v, score_mod=None, block_mask=None, scale=None, kernel_options=None, return_aux=None):
+    """FlexAttention's contract computed densely (scores through ``score_mod``, the block mask's
+    ``mask_mod``, the log-sum-exp on request), differentiable on the CPU, where FlexAttention
+    itself refuses a backward."""
+    from torch.nn.attention.flex_attention import AuxOutput
+
+    b, h, n, _ = q.shape
+    bi, hi = torch.arange(b).view(b, 1, 1, 1), torch.arange(h).view(1, h, 1, 1)
+    qi, ki = torch.arange(n)[:, None], torch.arange(n)[None]
+    s = (q @ k.transpose(-1, -2)) * (1.0 if scale is None else scale)
+    s = score_mod(s, bi, hi, qi, ki) if score_mod is not None else s
+    if block_mask is not None:
+        s = s.masked_fill(~block_mask.mask_mod(bi, hi, qi, ki), float("-inf"))
+    lse = torch.logsumexp(s, -1)
+    p = torch.exp(s - torch.where(torch.isfinite(lse), lse, 0.0)[..., None])
+    o = p @ v
+    return (o, AuxOutput(lse=lse, max_scores=None)) if return_aux is not None else o
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["encoder", "decoder"])
+def test_flex_attend_hands_the_band_gradients_to_the_captured_terms(causal: bool,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """``flex_attend(band_grads=True)`` end to end with FlexAttention's contract computed densely:
+    the same output and the same gradients for q, k, v, a windowed table's parameters and the
+    query-relative weights as FlexAttention's own differentiation through ``score_mod`` (padded
+    length, padded keys), and the band is what gave the captured gradients."""
+    import math
+
+    from posattn.attention import flex as flex_module
+    from posattn.attention import flex_band
+    from posattn.attention.terms import QueryRelative, Toeplitz
+
+    monkeypatch.setattr(flex_module, "_COMPILED", {"flex": dense_flex})
+    calls: list[int] = []
+    real = flex_band.band_gradients
+    monkeypatch.setattr(flex_band, "band_gradients", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    n, wt, wq = 100, 6, 4     # padded to 128 inside
+    g = torch.Generator().manual_seed(2)
+    leaves = [torch.randn(B, H, n, D, generator=g).requires_grad_() for _ in range(3)]
+    beta = torch.randn(H, 2 * wt + 1, generator=g).requires_grad_()
+    weight = torch.randn(H, 2 * wq + 1, D, generator=g).requires_grad_()
+    keep = torch.ones(B, n, dtype=torch.bool)
+    keep[0, n - 11:] = False
+    grad_o = torch.randn(B, H, n, D, generator=g)
+
+    def run(band: bool) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        q, k, v = leaves
+        r = torch.arange(-(n - 1), n)
+        terms = [Toeplitz(beta[:, r.clamp(-wt, wt) + wt], window=wt), QueryRelative(q, weight, wq, 0.5)]
+        o = flex_module.flex_attend(q, k, v, [], terms, keep, causal, 1 / math.sqrt(D), band_grads=band)
+        return o, list(torch.autograd.grad((o * grad_o).sum(), [*leaves, beta, weight]))
+
+    o_plain, g_plain = run(False)
+    assert calls == []
+    o_band, g_band = run(True)
+    assert calls == [1]
+    assert torch.allclose(o_band, o_plain, atol=1e-6)
+    for name, got, want in zip(["q", "k", "v", "table", "weight"], g_band, g_plain):
+        assert torch.allclose(got, want, atol=1e-5), (name, (got - want).abs().max())
