@@ -87,18 +87,19 @@ def _scorer(big: int, table: Tensor | None, closed: list[Callable[[Tensor, Tenso
 def _band_applies(table: Tensor | None, query_prods: list[tuple[Tensor, int]], key_prods: list[tuple[Tensor, int]],
                   dense: list[Tensor], sided: list[tuple[Tensor, ...]], toeplitz_windows: list[int | None],
                   n: int) -> bool:
-    """Whether :mod:`.flex_band` can give every captured gradient: some query-relative product or
-    the Toeplitz table needs one, every such table has a window, nothing else captured needs one,
+    """Whether :mod:`.flex_band` can give every captured gradient: some query- or key-relative
+    product or the Toeplitz table needs one, every such table has a window, nothing else captured
+    (dense biases, two-sided vectors) needs one,
     and the band (2w + 1 offsets) is at most half the length; eager only (inside a ``torch.compile``d
     step FlexAttention's own backward stays)."""
     if not torch.is_grad_enabled() or torch.compiler.is_compiling():
         return False
-    learned = [w for p, w in query_prods if p.requires_grad]
+    learned = [w for p, w in query_prods + key_prods if p.requires_grad]
     if table is not None and table.requires_grad:
         if any(w is None for w in toeplitz_windows):
             return False
         learned += [w for w in toeplitz_windows if w is not None]
-    others = [p for p, _ in key_prods] + dense + [x for parts in sided for x in parts]
+    others = dense + [x for parts in sided for x in parts]
     return bool(learned) and not any(x.requires_grad for x in others) and 2 * max(learned) + 1 <= n // 2
 
 
@@ -166,8 +167,10 @@ def flex_attend(q: Tensor, k: Tensor, v: Tensor, low: list[LowRank], rest: list[
     band_mode = band_grads and _band_applies(table, query_prods, key_prods, dense, sided, toeplitz_windows, n)
     if band_mode:   # FlexAttention reads them detached; BandGrads hands them their gradients
         learned_table, learned = table, [(p, w) for p, w in query_prods if p.requires_grad]
+        learned_keys = [(p, w) for p, w in key_prods if p.requires_grad]
         table = None if table is None else table.detach()
         query_prods = [(p.detach(), w) for p, w in query_prods]
+        key_prods = [(p.detach(), w) for p, w in key_prods]
     score_mod = _scorer(big, table, closed, query_prods, key_prods, dense, sided)
 
     block_mask, mask_mod, batched = None, None, False
@@ -206,10 +209,28 @@ def flex_attend(q: Tensor, k: Tensor, v: Tensor, low: list[LowRank], rest: list[
                         kernel_options=options, return_aux=AuxRequest(lse=True))
         return out, aux.lse
 
+    def exchanged(region: Callable[..., Tensor], values: Tensor, lse: Tensor) -> tuple[Tensor, Tensor]:
+        """Queries and keys exchanged, ``score_mod`` minus the rows' log-sum-exp ``lse``, over the
+        (query, key) pairs ``region`` and the mask allow: per key, the output over ``values`` (by
+        query row) and its log-sum-exp."""
+        def score_t(score: Tensor, bi: Tensor, hi: Tensor, kj: Tensor, qi: Tensor) -> Tensor:
+            return score_mod(score, bi, hi, qi, kj) - lse[bi, hi, qi]
+
+        def mask_t(bi: Tensor, hi: Tensor, kj: Tensor, qi: Tensor) -> Tensor:
+            inside = region(bi, hi, qi, kj)
+            return inside if mask_mod is None else inside & mask_mod(bi, hi, qi, kj)
+
+        where = create_block_mask(mask_t, b if batched else None, None, big, big, device=q.device)
+        out, aux = flex(k.detach(), q.detach(), values, score_mod=score_t, block_mask=where, scale=1.0,
+                        kernel_options=options, return_aux=AuxRequest(lse=True))
+        return out, aux.lse
+
     o, aux = flex(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=1.0, kernel_options=options,
                   return_aux=AuxRequest(lse=True))
     table_grad = learned_table is not None and learned_table.requires_grad
     table_window = max(w for w in toeplitz_windows if w is not None) if table_grad else None
-    band = Band(score_mod, mask_mod, [w for _, w in learned], table_window, causal, restricted)
-    o = BandGrads.apply(o, aux.lse, q, k, v, band, learned_table if table_grad else None, *[p for p, _ in learned])
+    band = Band(score_mod, mask_mod, [w for _, w in learned], table_window, causal, restricted,
+                [w for _, w in learned_keys], exchanged)
+    o = BandGrads.apply(o, aux.lse, q, k, v, band, learned_table if table_grad else None,
+                        *[p for p, _ in learned + learned_keys])
     return o[:, :, :n, :d_v]

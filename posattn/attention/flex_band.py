@@ -16,16 +16,22 @@ P_ij = exp(s_ij − L_i) (L the row's log-sum-exp), dP_ij = dO_i · v_j and D_i 
     Σ_{j < i − w} dS_ij = e^(L_i^< − L_i) (dO_i · O_i^< − D_i)      (and the same for j > i + w)
 
 where O^< and L^< are the output and log-sum-exp of one more attention forward restricted to the
-keys j < i − w (FlexAttention with that block mask: the far sums need no n × n tensor). So the
-captured tensors are read detached (FlexAttention's backward then computes dq, dk, dv only), and
-:class:`BandGrads` hands them these gradients. Terms without a window, key-side products, dense
-biases and two-sided vectors that need a gradient keep FlexAttention's own backward
-(:func:`eligible`).
+keys j < i − w (FlexAttention with that block mask: the far sums need no n × n tensor). A
+key-side product (Huang et al. 2020) prod[j, clip(i − j, −w, w) + w] needs the same band and sums
+by columns instead,
+
+    Σ_{i < j − w} dS_ij = v_j · A_j − A'_j,   [A_j, A'_j] = Σ_{i < j − w} P_ij [dO_i, D_i]
+
+which is one FlexAttention forward with queries and keys exchanged, ``score_mod`` minus L_i and
+[dO, D] as the values: its output times e^(its log-sum-exp). So the captured tensors are read
+detached (FlexAttention's backward then computes dq, dk, dv only), and :class:`BandGrads` hands
+them these gradients. Terms without a window, dense biases and two-sided vectors that need a
+gradient keep FlexAttention's own backward (``flex._band_applies``).
 """
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -35,6 +41,9 @@ ScoreMod = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], Tensor]
 MaskMod = Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]
 # (region mask_mod or None for every key) -> (O [b, h, N, d_v], L [b, h, N]) of the attention restricted to it
 Forward = Callable[[MaskMod | None], tuple[Tensor, Tensor]]
+# (region mask_mod in (query i, key j), values X [b, h, N, e] by query row, L [b, h, N]) -> per key j the
+# output and log-sum-exp of queries and keys exchanged: O'_j e^(L'_j) = Σ_{i in the region} P_ij X_i
+Columns = Callable[[MaskMod, Tensor, Tensor], tuple[Tensor, Tensor]]
 BLOCK = 128   # query rows per block of the band products
 
 
@@ -59,9 +68,10 @@ def banded(a: Tensor, c: Tensor, w: int) -> Tensor:
 @dataclass
 class Band:
     """What the backward needs besides the tensors: the score and mask functions FlexAttention ran
-    (reading the captured tensors detached), the windows of the query-relative products that need
-    a gradient (in the order of :class:`BandGrads`' inputs), the Toeplitz table's window (None: no
-    table needs a gradient), whether the attention is causal, and the restricted forward."""
+    (reading the captured tensors detached), the windows of the query-side and then the key-side
+    products that need a gradient (in the order of :class:`BandGrads`' inputs), the Toeplitz table's
+    window (None: no table needs a gradient), whether the attention is causal, the restricted
+    forward and the exchanged one (needed only with key-side products)."""
 
     score_mod: ScoreMod
     mask_mod: MaskMod | None
@@ -69,6 +79,8 @@ class Band:
     table_window: int | None
     causal: bool
     forward: Forward
+    key_windows: list[int] = field(default_factory=list)
+    columns: Columns | None = None
 
 
 def _far_sums(band: Band, w: int, dO: Tensor, D: Tensor, L: Tensor) -> tuple[Tensor, Tensor]:
@@ -89,13 +101,41 @@ def _far_sums(band: Band, w: int, dO: Tensor, D: Tensor, L: Tensor) -> tuple[Ten
     return out[0], out[1]
 
 
+def _far_column_sums(band: Band, w: int, v: Tensor, dO: Tensor, D: Tensor, L: Tensor) -> tuple[Tensor, Tensor]:
+    """Σ dS_ij over the queries i < j − w and over i > j + w, per key j ([b, h, N] each)."""
+    if band.columns is None:
+        raise ValueError("flex_band: key-side products need Band.columns")
+    width = dO.shape[-1]
+    # [dO, D] as the values, zero-padded to a power of two wide (FlexAttention's head sizes)
+    values = F.pad(torch.cat([dO, D[..., None]], -1), (0, _power_of_two(width + 1) - width - 1))
+    out = []
+    for side in ("left", "right"):
+        if side == "left" and band.causal:   # a causal key j has no query i < j
+            out.append(torch.zeros_like(D))
+            continue
+
+        def region(bi: Tensor, hi: Tensor, qi: Tensor, ki: Tensor, side: str = side) -> Tensor:
+            return qi < ki - w if side == "left" else qi > ki + w
+
+        o_t, l_t = band.columns(region, values.to(v.dtype), L)
+        seen = torch.isfinite(l_t)
+        agg = o_t.float() * torch.where(seen, torch.exp(torch.where(seen, l_t, 0.0)), 0.0)[..., None]
+        out.append((v.float() * agg[..., :width]).sum(-1) - agg[..., width])
+    return out[0], out[1]
+
+
+def _power_of_two(x: int) -> int:
+    return 1 << (x - 1).bit_length()
+
+
 def band_gradients(band: Band, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor,
                    dO: Tensor) -> tuple[list[Tensor], Tensor | None]:
-    """The gradients of the products ([b, h, N, 2w + 1] each, ``band.windows``) and of the Toeplitz
-    table ([h, 2N − 1], None without one) from q, k, v as FlexAttention took them ([b, h, N, ·],
-    scale folded into q), its output ``o``, log-sum-exp ``lse`` and the output's gradient ``dO``."""
+    """The gradients of the products ([b, h, N, 2w + 1] each: ``band.windows`` then
+    ``band.key_windows``) and of the Toeplitz table ([h, 2N − 1], None without one) from q, k, v as
+    FlexAttention took them ([b, h, N, ·], scale folded into q), its output ``o``, log-sum-exp
+    ``lse`` and the output's gradient ``dO``."""
     b, h, n, _ = q.shape
-    widest = max([*band.windows, band.table_window or 0])
+    widest = max([*band.windows, *band.key_windows, band.table_window or 0])
     dO, o, L = dO.float(), o.float(), lse.float()
     D = (dO * o).sum(-1)
     dev = q.device
@@ -117,6 +157,15 @@ def band_gradients(band: Band, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: 
         g = ds[..., widest - w:widest + w + 1].clone()
         g[..., 0] += far[w][0]
         g[..., -1] += far[w][1]
+        prods.append(g)
+    rows = torch.arange(n, device=dev)[:, None]
+    for w in band.key_windows:   # prod[j, m] holds the score (i, j) with i − j = m − w: j − i = w − m
+        i = rows + torch.arange(-w, w + 1, device=dev)                      # [N (key j), 2w + 1]
+        slot = torch.arange(w, -w - 1, -1, device=dev) + widest               # the band column of j − i
+        g = torch.where((i >= 0) & (i < n), ds[:, :, i.clamp(0, n - 1), slot], 0.0)
+        left, right = _far_column_sums(band, w, v, dO, D, L)
+        g[..., 0] += left
+        g[..., -1] += right
         prods.append(g)
     table = None
     if band.table_window is not None:

@@ -120,7 +120,7 @@ AB_RUNS: list[tuple[int, int, int, float, list[str], dict[str, Any]]] = [
     # windowed terms that learn, their gradients from the band and two far sums per row instead of
     # FlexAttention's per-score atomic adds (its backward 15.7 ms for dynamic_conv, 5.5 ms for t5,
     # 3.4 ms for alibi, whose table learns nothing)
-    (4096, 16, 4, 0.0, ["dynamic_conv", "t5", "fixed_conv"], {"flex_band_grads": True}),
+    (4096, 16, 4, 0.0, [*RELATIVE, "t5", "fixed_conv"], {"flex_band_grads": True}),
     # the encoder's shape, with attention dropout: a score term takes the dense bias into SDPA, where
     # PyTorch chose the memory-efficient kernel for biases that learn (cuDNN's returns no bias
     # gradient; 13.2 + 5.9 ms over 12 layers against cuDNN's 3.7 + 1.9 for the T5 encoder). ALiBi's

@@ -77,7 +77,9 @@ def test_the_band_applies_only_where_it_gives_every_captured_gradient() -> None:
     assert _band_applies(None, [(learned, 3)], [], [], [], [], n)
     assert _band_applies(table, [], [], [], [], [5], n)
     assert not _band_applies(table, [], [], [], [], [5, None], n)             # a table with no window (TISA)
-    assert not _band_applies(None, [(learned, 3)], [(learned, 3)], [], [], [], n)  # a key-side product learns
+    assert _band_applies(None, [(learned, 3)], [(learned, 3)], [], [], [], n)      # composite: both sides
+    assert not _band_applies(None, [(learned, 3)], [], [torch.zeros(1, 1, n, n, requires_grad=True)], [], [], n)
+    assert not _band_applies(None, [(learned, 3)], [], [], [(fixed[..., 0], learned[..., 0])], [], n)
     assert not _band_applies(None, [(fixed, 3)], [], [], [], [], n)           # nothing learns
     assert not _band_applies(None, [(learned, 20)], [], [], [], [], n)        # the band is most of the row
     with torch.no_grad():
@@ -108,8 +110,9 @@ def test_flex_attend_hands_the_band_gradients_to_the_captured_terms(causal: bool
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     """``flex_attend(band_grads=True)`` end to end with FlexAttention's contract computed densely:
     the same output and the same gradients for q, k, v, a windowed table's parameters and the
-    query-relative weights as FlexAttention's own differentiation through ``score_mod`` (padded
-    length, padded keys), and the band is what gave the captured gradients."""
+    query- and key-relative weights (``composite``'s two sides) as FlexAttention's own
+    differentiation through ``score_mod`` (padded length, padded keys), and the band is what gave
+    the captured gradients."""
     import math
 
     from posattn.attention import flex as flex_module
@@ -125,6 +128,7 @@ def test_flex_attend_hands_the_band_gradients_to_the_captured_terms(causal: bool
     leaves = [torch.randn(B, H, n, D, generator=g).requires_grad_() for _ in range(3)]
     beta = torch.randn(H, 2 * wt + 1, generator=g).requires_grad_()
     weight = torch.randn(H, 2 * wq + 1, D, generator=g).requires_grad_()
+    key_weight = torch.randn(2 * wq + 3, D, generator=g).requires_grad_()    # shared by the heads
     keep = torch.ones(B, n, dtype=torch.bool)
     keep[0, n - 11:] = False
     grad_o = torch.randn(B, H, n, D, generator=g)
@@ -132,14 +136,15 @@ def test_flex_attend_hands_the_band_gradients_to_the_captured_terms(causal: bool
     def run(band: bool) -> tuple[torch.Tensor, list[torch.Tensor]]:
         q, k, v = leaves
         r = torch.arange(-(n - 1), n)
-        terms = [Toeplitz(beta[:, r.clamp(-wt, wt) + wt], window=wt), QueryRelative(q, weight, wq, 0.5)]
+        terms = [Toeplitz(beta[:, r.clamp(-wt, wt) + wt], window=wt), QueryRelative(q, weight, wq, 0.5),
+                 QueryRelative(k, key_weight, wq + 1, 0.5, key_side=True)]
         o = flex_module.flex_attend(q, k, v, [], terms, keep, causal, 1 / math.sqrt(D), band_grads=band)
-        return o, list(torch.autograd.grad((o * grad_o).sum(), [*leaves, beta, weight]))
+        return o, list(torch.autograd.grad((o * grad_o).sum(), [*leaves, beta, weight, key_weight]))
 
     o_plain, g_plain = run(False)
     assert calls == []
     o_band, g_band = run(True)
     assert calls == [1]
     assert torch.allclose(o_band, o_plain, atol=1e-6)
-    for name, got, want in zip(["q", "k", "v", "table", "weight"], g_band, g_plain):
+    for name, got, want in zip(["q", "k", "v", "table", "weight", "key weight"], g_band, g_plain, strict=True):
         assert torch.allclose(got, want, atol=1e-5), (name, (got - want).abs().max())

@@ -53,8 +53,9 @@ def test_flex_tma_equals_reference_on_cuda(name):
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["encoder", "decoder"])
-@pytest.mark.parametrize("mechanism", ["dynamic_conv", "fixed_conv", {"name": "t5", "max_distance": 16}],
-                         ids=["dynamic_conv", "fixed_conv", "t5"])
+@pytest.mark.parametrize("mechanism", ["dynamic_conv", "key_dynamic_conv", "composite", "fixed_conv",
+                                       {"name": "t5", "max_distance": 16}],
+                         ids=["dynamic_conv", "key_dynamic_conv", "composite", "fixed_conv", "t5"])
 def test_flex_band_gradients_equal_reference_on_cuda(mechanism, causal, monkeypatch):
     """Windowed terms that learn, their gradients from the band and the far sums
     (``Policy.flex_band_grads``, the GPU command's A/B arm) instead of FlexAttention's atomic adds:
