@@ -192,45 +192,14 @@ def flex_attend(q: Tensor, k: Tensor, v: Tensor, low: list[LowRank], rest: list[
         block_mask = create_block_mask(mask_mod, b if batched else None, None, big, big, device=q.device)
     flex = _flex(autotune)
     options = {"USE_TMA": True} if tma else None
-    if not band_mode:
+    if band_mode:
+        from .flex_band import attend as band_attend
+
+        table_grad = learned_table is not None and learned_table.requires_grad
+        o = band_attend(flex, q, k, v, score_mod, mask_mod, block_mask, b if batched else None, causal, options,
+                        table=learned_table if table_grad else None,
+                        table_window=max(w for w in toeplitz_windows if w is not None) if table_grad else None,
+                        prods=learned, key_prods=learned_keys)
+    else:
         o = flex(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=1.0, kernel_options=options)
-        return o[:, :, :n, :d_v]
-    from torch.nn.attention.flex_attention import AuxRequest
-
-    from .flex_band import Band, BandGrads
-
-    def restricted(region: Callable[..., Tensor] | None) -> tuple[Tensor, Tensor]:
-        """Output and log-sum-exp of the attention over the keys ``region`` also allows."""
-        both = region if mask_mod is None or region is None else (
-            lambda bi, hi, qi, ki: mask_mod(bi, hi, qi, ki) & region(bi, hi, qi, ki))
-        where = None if both is None else create_block_mask(both, b if batched else None, None, big, big,
-                                                             device=q.device)
-        out, aux = flex(q.detach(), k.detach(), v.detach(), score_mod=score_mod, block_mask=where, scale=1.0,
-                        kernel_options=options, return_aux=AuxRequest(lse=True))
-        return out, aux.lse
-
-    def exchanged(region: Callable[..., Tensor], values: Tensor, lse: Tensor) -> tuple[Tensor, Tensor]:
-        """Queries and keys exchanged, ``score_mod`` minus the rows' log-sum-exp ``lse``, over the
-        (query, key) pairs ``region`` and the mask allow: per key, the output over ``values`` (by
-        query row) and its log-sum-exp."""
-        def score_t(score: Tensor, bi: Tensor, hi: Tensor, kj: Tensor, qi: Tensor) -> Tensor:
-            return score_mod(score, bi, hi, qi, kj) - lse[bi, hi, qi]
-
-        def mask_t(bi: Tensor, hi: Tensor, kj: Tensor, qi: Tensor) -> Tensor:
-            inside = region(bi, hi, qi, kj)
-            return inside if mask_mod is None else inside & mask_mod(bi, hi, qi, kj)
-
-        where = create_block_mask(mask_t, b if batched else None, None, big, big, device=q.device)
-        out, aux = flex(k.detach(), q.detach(), values, score_mod=score_t, block_mask=where, scale=1.0,
-                        kernel_options=options, return_aux=AuxRequest(lse=True))
-        return out, aux.lse
-
-    o, aux = flex(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=1.0, kernel_options=options,
-                  return_aux=AuxRequest(lse=True))
-    table_grad = learned_table is not None and learned_table.requires_grad
-    table_window = max(w for w in toeplitz_windows if w is not None) if table_grad else None
-    band = Band(score_mod, mask_mod, [w for _, w in learned], table_window, causal, restricted,
-                [w for _, w in learned_keys], exchanged)
-    o = BandGrads.apply(o, aux.lse, q, k, v, band, learned_table if table_grad else None,
-                        *[p for p, _ in learned + learned_keys])
     return o[:, :, :n, :d_v]

@@ -200,3 +200,49 @@ class BandGrads(torch.autograd.Function):
         d_table = table.to(ctx.table_meta[1]).expand(ctx.table_meta[0]) if ctx.has_table else None
         d_prods = [g.to(dtype).expand(shape) for g, (shape, dtype) in zip(prods, ctx.shapes)]
         return (grad, None, None, None, None, None, d_table, *d_prods)
+
+
+def attend(flex: Callable[..., Tensor], q: Tensor, k: Tensor, v: Tensor, score_mod: ScoreMod,
+           mask_mod: MaskMod | None, block_mask: object, batch: int | None, causal: bool,
+           options: dict[str, object] | None, table: Tensor | None, table_window: int | None,
+           prods: list[tuple[Tensor, int]], key_prods: list[tuple[Tensor, int]]) -> Tensor:
+    """FlexAttention (``flex``, compiled) over q, k, v [b, h, N, ·] with ``score_mod`` reading the
+    captured tensors detached and ``block_mask`` (from ``mask_mod``, per batch row when ``batch``),
+    whose output hands the learned ``table`` (window ``table_window``) and query-/key-side
+    ``prods`` ((product, window), the tensors ``score_mod`` reads detached) their gradients through
+    :class:`BandGrads`."""
+    from torch.nn.attention.flex_attention import AuxRequest, create_block_mask
+
+    n = q.shape[-2]
+
+    def mask(region: MaskMod) -> object:
+        return create_block_mask(region, batch, None, n, n, device=q.device)
+
+    def restricted(region: MaskMod | None) -> tuple[Tensor, Tensor]:
+        """Output and log-sum-exp of the attention over the keys ``region`` also allows."""
+        both = region if mask_mod is None or region is None else (
+            lambda bi, hi, qi, ki: mask_mod(bi, hi, qi, ki) & region(bi, hi, qi, ki))
+        out, aux = flex(q.detach(), k.detach(), v.detach(), score_mod=score_mod, scale=1.0, kernel_options=options,
+                        block_mask=None if both is None else mask(both), return_aux=AuxRequest(lse=True))
+        return out, aux.lse
+
+    def exchanged(region: MaskMod, values: Tensor, lse: Tensor) -> tuple[Tensor, Tensor]:
+        """Queries and keys exchanged, ``score_mod`` minus the rows' log-sum-exp ``lse``, over the
+        (query, key) pairs ``region`` and the mask allow: per key, the output over ``values`` (by
+        query row) and its log-sum-exp."""
+        def score_t(score: Tensor, bi: Tensor, hi: Tensor, kj: Tensor, qi: Tensor) -> Tensor:
+            return score_mod(score, bi, hi, qi, kj) - lse[bi, hi, qi]
+
+        def mask_t(bi: Tensor, hi: Tensor, kj: Tensor, qi: Tensor) -> Tensor:
+            inside = region(bi, hi, qi, kj)
+            return inside if mask_mod is None else inside & mask_mod(bi, hi, qi, kj)
+
+        out, aux = flex(k.detach(), q.detach(), values, score_mod=score_t, block_mask=mask(mask_t), scale=1.0,
+                        kernel_options=options, return_aux=AuxRequest(lse=True))
+        return out, aux.lse
+
+    o, aux = flex(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=1.0, kernel_options=options,
+                  return_aux=AuxRequest(lse=True))
+    band = Band(score_mod, mask_mod, [w for _, w in prods], table_window, causal, restricted,
+                [w for _, w in key_prods], exchanged)
+    return BandGrads.apply(o, aux.lse, q, k, v, band, table, *[p for p, _ in prods + key_prods])
