@@ -67,8 +67,10 @@ STAGES = ("tests", "layer_eager", "layer_compiled", "models", "profile", "ab", "
 # leave it CAT_SECONDS at least of the default deadline; the tests, which compile FlexAttention
 # steps, run 8 at a time where pytest-xdist is installed, as in the GPU machines' image, and took
 # their whole 60 s box in the last window; they now hold the flex_tma, flex_autotune and band-gradient
-# checks too, and take 15 s from the models stage, whose runs are all in the store for the H100)
-BOXES = {"tests": 90, "layer_eager": 55, "layer_compiled": 45, "models": 25, "profile": 30, "ab": 30,
+# checks too, and take 15 s from the models stage, whose runs are all in the store for the H100; the
+# A/B stage, whose arms decide the CUDA defaults, takes 10 s from the eager grid and 10 from the
+# profiles, which also get the models stage's unspent box while it has nothing to run)
+BOXES = {"tests": 90, "layer_eager": 45, "layer_compiled": 45, "models": 25, "profile": 20, "ab": 50,
          "throughput": 30}
 CAT_SECONDS = 160
 # the measurement stages' units are small and the time a stage leaves unspent (finished early, skipped,
@@ -110,22 +112,24 @@ PROFILE_TOP = 10
 # dense bias against it
 RELATIVE = ["dynamic_conv", "key_dynamic_conv", "composite"]
 AB_RUNS: list[tuple[int, int, int, float, list[str], dict[str, Any]]] = [
-    # the layer target against FlashAttention-backed SDPA at n 4096: ALiBi in FlexAttention reads its
-    # [h, 2n - 1] table per score (1.33x, forward 1.52 ms of kernel against cuDNN's 0.58, 2026-11-27,
-    # H100); the FlexAttention paper computes it (0.85-0.9x FlashAttention-2): is the read the cost?
-    (4096, 16, 4, 0.0, ["alibi"], {"flex_formula": True}),
-    # the encoder's shape: its QKV projection as three products, whose backward stacks no dq, dk, dv
+    # first the arms that could turn a missed target into a met one, then the ones that explain.
+    # The encoder's shape: its QKV projection as three products, whose backward stacks no dq, dk, dv
     # (posattn_encoder against BERT, 0.99x, spent 1.75 ms in aten::cat and 1.43 in aten::copy_)
     (512, 32, 12, 0.1, ["absolute"], {"split_qkv": True}),
+    # the encoder's shape, with attention dropout: a score term takes the dense bias into SDPA, where
+    # PyTorch chose the memory-efficient kernel for biases that learn (cuDNN's returns no bias
+    # gradient; 13.2 + 5.9 ms over 12 layers against cuDNN's 3.7 + 1.9 for the T5 encoder). ALiBi's
+    # bias learns nothing: does cuDNN's kernel take it, and what does that save (its encoder 1.12x
+    # absolute's, the target 1.10x)?
+    (512, 32, 12, 0.1, ["alibi"], {"sdpa_backend": "cudnn"}),
     # windowed terms that learn, their gradients from the band and two far sums per row instead of
     # FlexAttention's per-score atomic adds (its backward 15.7 ms for dynamic_conv, 5.5 ms for t5,
     # 3.4 ms for alibi, whose table learns nothing)
     (4096, 16, 4, 0.0, [*RELATIVE, "t5", "fixed_conv"], {"flex_band_grads": True}),
-    # the encoder's shape, with attention dropout: a score term takes the dense bias into SDPA, where
-    # PyTorch chose the memory-efficient kernel for biases that learn (cuDNN's returns no bias
-    # gradient; 13.2 + 5.9 ms over 12 layers against cuDNN's 3.7 + 1.9 for the T5 encoder). ALiBi's
-    # bias learns nothing: does cuDNN's kernel take it, and what does that save?
-    (512, 32, 12, 0.1, ["alibi"], {"sdpa_backend": "cudnn"}),
+    # the layer target against FlashAttention-backed SDPA at n 4096: ALiBi in FlexAttention reads its
+    # [h, 2n - 1] table per score (1.33x, forward 1.52 ms of kernel against cuDNN's 0.58, 2026-11-27,
+    # H100); the FlexAttention paper computes it (0.85-0.9x FlashAttention-2): is the read the cost?
+    (4096, 16, 4, 0.0, ["alibi"], {"flex_formula": True}),
     # FlexAttention's kernels through Hopper's Tensor Memory Accelerator (torch's USE_TMA, off by
     # default): its forward is the same 1.52-1.59 ms whatever the score_mod reads (alibi, t5, tisa,
     # fixed_conv, diet_rel at n 4096, 2026-11-27, H100), so the kernel itself is the cost
