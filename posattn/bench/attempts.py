@@ -6,8 +6,9 @@ cannot finish inside its box would be the stage's first unit again in every late
 stage would store nothing, window after window (on an H100 on 2026-11-27, five of seven stages
 were killed that way in both windows of the day). So every unit is entered in a ledger in the
 results store, ``results/gpu_attempts.json``, when it starts and taken out when it ends. An entry
-still there was killed (or its run failed), and :func:`in_turn` runs such units after every unit
-that never failed, fewest failures first. The ledger travels back with the store's other new files.
+still there was killed, or its run raised or had rows that failed (:meth:`Attempt.fail`), and
+:func:`in_turn` runs such units after every unit that never failed, fewest failures first. The
+ledger travels back with the store's other new files.
 
 Ledger: ``{"<stage>: <unit>": {"tries": k, "date": "YYYY-MM-DD"}}``, ``k`` the starts that did
 not finish. It is one JSON file beside the recipe folders, not a recipe: the store's reports
@@ -63,18 +64,31 @@ def _save(data: dict[str, dict[str, Any]], root: str | Path | None) -> None:
         write_json_atomic(path, {})   # emptied, not deleted: the archive carries the change back
 
 
+class Attempt:
+    """One unit's run: :meth:`fail` keeps its ledger entry although the block ends (a run that
+    stored nothing because its rows failed, e.g. a fast-path arm that errors on this device)."""
+
+    def __init__(self) -> None:
+        self.failed = False
+
+    def fail(self) -> None:
+        self.failed = True
+
+
 @contextmanager
-def running(key: str, root: str | Path | None = None) -> Iterator[None]:
+def running(key: str, root: str | Path | None = None) -> Iterator[Attempt]:
     """Enter ``key`` in the ledger (one more try) while the block runs; a block that ends takes it
-    out, one that raises or is killed leaves it there."""
+    out unless it called :meth:`Attempt.fail`, one that raises or is killed leaves it there."""
     data = load(root)
     today = datetime.datetime.now(datetime.timezone.utc).date().isoformat()
     data[key] = {"tries": int(data.get(key, {}).get("tries", 0)) + 1, "date": today}
     _save(data, root)
-    yield
-    data = load(root)
-    data.pop(key, None)
-    _save(data, root)
+    attempt = Attempt()
+    yield attempt
+    if not attempt.failed:
+        data = load(root)
+        data.pop(key, None)
+        _save(data, root)
 
 
 def in_order(units: Iterable[U], key: Callable[[U], str], root: str | Path | None = None) -> list[U]:
@@ -84,12 +98,13 @@ def in_order(units: Iterable[U], key: Callable[[U], str], root: str | Path | Non
     return sorted(units, key=lambda u: int(data.get(key(u), {}).get("tries", 0)))
 
 
-def in_turn(stage: str, units: Iterable[U], name: Callable[[U], str], root: str | Path | None = None) -> Iterator[U]:
-    """The units of ``stage`` in :func:`in_order`, each one in the ledger as ``"<stage>: <name>"``
-    while the caller runs it (the loop body)."""
+def in_turn(stage: str, units: Iterable[U], name: Callable[[U], str],
+            root: str | Path | None = None) -> Iterator[tuple[U, Attempt]]:
+    """The units of ``stage`` in :func:`in_order`, each with its :class:`Attempt` and in the ledger
+    as ``"<stage>: <name>"`` while the caller runs it (the loop body)."""
     def key(unit: U) -> str:
         return f"{stage}: {name(unit)}"
 
     for unit in in_order(units, key, root):
-        with running(key(unit), root):
-            yield unit
+        with running(key(unit), root) as attempt:
+            yield unit, attempt

@@ -311,6 +311,13 @@ def layer_todo(s: Settings, mode: str, hw: str | None = None) -> list[tuple[Size
     return out
 
 
+def _failed_rows(rows: list[dict[str, Any]], attempt: attempts.Attempt) -> None:
+    """A unit with a row that failed (not stored) stays in the ledger: the next window runs it
+    after the units that never failed, instead of first again."""
+    if any(r.get("error") for r in rows):
+        attempt.fail()
+
+
 def layer_unit(mode: str, sizes: Sizes, mechs: list[str], policy: dict[str, Any]) -> str:
     """A layer run's name in the log and in the ledger of unfinished units (:mod:`.attempts`)."""
     return (f"layer {mode_name(mode)} n={sizes.max_len} batch={sizes.batch} {' '.join(mechs)}"
@@ -326,8 +333,9 @@ def layer_stage(s: Settings, mode: str, rows_out: Path) -> None:
     from .store import LAYER_RECIPE, publish_rows
 
     compiled = mode != "eager"
-    for sizes, todo, policy in attempts.in_turn("layer_compiled" if compiled else "layer_eager",
-                                                layer_todo(s, mode), lambda u: layer_unit(mode, *u), s.results):
+    for (sizes, todo, policy), attempt in attempts.in_turn("layer_compiled" if compiled else "layer_eager",
+                                                           layer_todo(s, mode), lambda u: layer_unit(mode, *u),
+                                                           s.results):
         overrides = fields_text(policy)
         where = layer_unit(mode, sizes, todo, policy)
         _log(where)
@@ -343,6 +351,7 @@ def layer_stage(s: Settings, mode: str, rows_out: Path) -> None:
         written, kept = publish_rows(LAYER_RECIPE, "layer", rows, sizes, mode_name(mode),
                                      provenance(command, s.device), s.results)
         _append_rows(rows_out, [{**r, "mode": mode_name(mode)} for r in rows])
+        _failed_rows(rows, attempt)
         _log(f"{where}: {written} records written, {kept} already there, "
              f"{sum(1 for r in rows if r.get('error'))} errors")
 
@@ -401,8 +410,8 @@ def model_stage(s: Settings, rows_out: Path) -> None:
 
     sizes = model_sizes(s)
     n = sizes.max_len
-    for group in attempts.in_turn("models", model_todo(s), lambda g: f"n={n} batch={sizes.batch}: {', '.join(g)}",
-                                  s.results):
+    for group, attempt in attempts.in_turn("models", model_todo(s),
+                                           lambda g: f"n={n} batch={sizes.batch}: {', '.join(g)}", s.results):
         _log(f"models n={n} batch={sizes.batch}: {', '.join(CaseSpec('model', g, n).label for g in group)}")
         opts = BenchOptions(kinds=("model",), models=group, lengths=[n], batches=[sizes.batch], sizes=sizes,
                             threads=min(16, torch.get_num_threads()), repeats=s.repeats, warmup=1,
@@ -417,6 +426,7 @@ def model_stage(s: Settings, rows_out: Path) -> None:
         written, kept = publish_rows(MODEL_RECIPE, "model", rows, sizes, "eager", provenance(command, s.device),
                                      s.results)
         _append_rows(rows_out, rows)
+        _failed_rows(rows, attempt)
         _log(f"models: {written} records written, {kept} already there")
 
 
@@ -433,7 +443,7 @@ def throughput_stage(s: Settings, rows_out: Path) -> None:
     errors: list[str] = []
     rows = bench(THROUGHPUT_RECIPE, s.throughput_cells, wanted, s.throughput_steps, s.throughput_warmup, s.device,
                  root=s.results, skip_stored=True, log=_log, errors=errors,
-                 attempt=lambda setting: attempts.running(key(setting), s.results))
+                 attempt=lambda setting: attempts.running(key(setting), s.results))   # a failed one stays
     _append_rows(rows_out, rows)
     _log(f"throughput: {len(rows)} settings measured, {len(errors)} failed")
 
@@ -502,9 +512,9 @@ def profile_stage(s: Settings) -> None:
     from .run import BenchOptions, run
     from .store import PROFILE_RECIPE, publish_recipe, publish_rows
 
-    for bench, sizes, names in attempts.in_turn("profile", profile_todo(s),
-                                                lambda u: f"{u[0]} n={u[1].max_len} batch={u[1].batch}: "
-                                                          f"{', '.join(u[2])}", s.results):
+    for (bench, sizes, names), attempt in attempts.in_turn("profile", profile_todo(s),
+                                                           lambda u: f"{u[0]} n={u[1].max_len} batch={u[1].batch}: "
+                                                                     f"{', '.join(u[2])}", s.results):
         n = sizes.max_len
         where = f"profile {bench} n={n} batch={sizes.batch}"
         _log(f"{where}: {', '.join(names)}")
@@ -527,6 +537,7 @@ def profile_stage(s: Settings) -> None:
         if any(r.get("profile") and "error" not in r for r in rows):
             publish_recipe(PROFILE_RECIPE, "profile", prov, s.results)
         written, kept = publish_rows(PROFILE_RECIPE, bench, rows, sizes, "eager", prov, s.results)
+        _failed_rows(rows, attempt)
         _log(f"{where}: {written} records written, {kept} already there")
 
 
@@ -568,7 +579,7 @@ def ab_stage(s: Settings, rows_out: Path) -> None:
         return (f"n={sizes.max_len} batch={sizes.batch} heads={sizes.heads} dropout={sizes.dropout}: "
                 f"{', '.join(mechs)} against --ab {fields_text(ab)}")
 
-    for sizes, mechs, ab in attempts.in_turn("ab", ab_todo(s), name, s.results):
+    for (sizes, mechs, ab), attempt in attempts.in_turn("ab", ab_todo(s), name, s.results):
         n = sizes.max_len
         overrides = fields_text(ab)
         where = f"ab n={n} batch={sizes.batch} heads={sizes.heads} dropout={sizes.dropout}"
@@ -583,6 +594,7 @@ def ab_stage(s: Settings, rows_out: Path) -> None:
         written, kept = publish_rows(AB_RECIPE, "layer", rows, sizes, "eager", provenance(command, s.device),
                                      s.results)
         _append_rows(rows_out, rows)
+        _failed_rows(rows, attempt)
         _log(f"{where}: {written} records written, {kept} already there")
 
 

@@ -326,7 +326,8 @@ def bench(recipe: str, picks: list[str], wanted: list[Setting], steps: int, warm
     settings all have records is not measured (the GPU command's next window measures the rest).
     A failed setting raises its RunError, or with ``errors`` is appended there and the next one
     runs (a failed baseline skips its cell: no ratio could be formed). ``attempt(setting)``: a
-    context each setting is measured and stored in (the GPU command's ledger of unfinished units)."""
+    context each setting is measured and stored in (the GPU command's ledger of unfinished units),
+    whose value's ``fail()`` is called when the setting fails."""
     from ..experiments.store import hardware, provenance
     from ..runtime.compile import check_mode
     from ..runtime.device import resolve_device
@@ -354,7 +355,7 @@ def bench(recipe: str, picks: list[str], wanted: list[Setting], steps: int, warm
         base = None
         for setting in [BASELINE, *[s for s in todo if s != BASELINE]]:
             say(f"{cell.label} n={cell.train_length} d={cell.d_model}: {setting.workers} worker(s), {setting.mode}")
-            with (attempt or (lambda _: nullcontext()))(setting):
+            with (attempt or (lambda _: nullcontext()))(setting) as tried:
                 try:
                     row = measure(cell, setting, steps, warmup, device, threads)
                 except RunError as e:
@@ -363,6 +364,8 @@ def bench(recipe: str, picks: list[str], wanted: list[Setting], steps: int, warm
                     errors.append(str(e))
                     say(str(e))
                     row = None
+                    if tried is not None:
+                        tried.fail()
                 if row is not None:
                     base = base or row
                     row["vs_baseline"] = row["cells_per_hour"] / base["cells_per_hour"]

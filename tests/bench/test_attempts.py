@@ -56,10 +56,19 @@ def test_units_that_failed_run_after_the_others_fewest_failures_first(tmp_path: 
                 raise KeyboardInterrupt
     assert attempts.in_order(["a", "b", "c", "d"], lambda u: f"s: {u}", tmp_path) == ["a", "d", "c", "b"]
     done = []
-    for unit in attempts.in_turn("s", ["a", "b", "c", "d"], str, tmp_path):
+    for unit, _ in attempts.in_turn("s", ["a", "b", "c", "d"], str, tmp_path):
         assert attempts.tries(f"s: {unit}", tmp_path) >= 1   # in the ledger while the loop body runs
         done.append(unit)
     assert done == ["a", "d", "c", "b"] and attempts.load(tmp_path) == {}
+
+
+def test_a_unit_whose_rows_failed_stays_in_the_ledger(tmp_path: Path) -> None:
+    for unit, attempt in attempts.in_turn("ab", ["x", "y"], str, tmp_path):
+        if unit == "x":
+            attempt.fail()   # e.g. its B arm errored on this device: nothing stored for it
+    ledger = attempts.load(tmp_path)
+    assert list(ledger) == ["ab: x"] and ledger["ab: x"]["tries"] == 1
+    assert attempts.in_order(["x", "y"], lambda u: f"ab: {u}", tmp_path) == ["y", "x"]
 
 
 def test_a_file_that_is_not_a_ledger_is_one_clear_error(tmp_path: Path) -> None:
@@ -84,6 +93,11 @@ def test_the_ab_stage_runs_a_unit_killed_in_an_earlier_window_last(tmp_path: Pat
     gpu_check.ab_stage(s, tmp_path / "rows.json")
     assert order == [ab for _, _, ab in units[1:]] + [units[0][2]]
     assert attempts.load(s.results) == {}   # every unit ended (their rows, none here, would be stored)
+
+    failing = {"mechanism": "dynamic_conv", "error": "RuntimeError: no kernel"}   # a row that failed
+    monkeypatch.setattr(bench_run, "run", lambda opts, **kw: [failing] if opts.ab == units[1][2] else [])
+    gpu_check.ab_stage(s, tmp_path / "rows.json")
+    assert list(attempts.load(s.results)) == [keys[1]]   # it stays, and runs last next time
 
     (s.results / attempts.LEDGER).write_text(json.dumps({keys[1]: {"tries": 2, "date": "2026-11-27"}}))
     driver = Driver(s)
