@@ -126,7 +126,7 @@ def op_case(spec: CaseSpec, sizes: Sizes, record: bool = True) -> Case | None:
 def make_case(spec: CaseSpec, sizes: Sizes, record: bool = True) -> Case | None:
     """Build a case (None when it does not apply, e.g. the op case of an input mechanism);
     ``record``: run it once to record the fast-path algorithms it uses."""
-    if spec.kind in ("layer", "op") and spec.policy:
+    if spec.kind in ("layer", "op", "model") and spec.policy:
         case = make_case(replace(spec, policy=""), sizes, record=False)
         return None if case is None else _under_policy(case, spec, torch.device(sizes.device), record)
     if spec.kind == "layer":

@@ -63,8 +63,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="override fast-path Policy fields, e.g. dense_max_n=256 grad_chunk=64 force=flash_bias, "
                         "or sdpa_backend=flash (every SDPA call, the baseline's too, on FlashAttention alone)")
     p.add_argument("--ab", nargs="+", default=[], metavar="FIELD=VALUE",
-                   help="time every mechanism a second time under these Policy overrides, in the same "
-                        "interleaved rounds (an A/B on a noisy machine), e.g. --ab native=False")
+                   help="time every mechanism (with --models: every posattn model) a second time under these "
+                        "Policy overrides, in the same interleaved rounds (an A/B on a noisy machine), "
+                        "e.g. --ab native=False")
     p.add_argument("--compile", nargs="?", const="default", choices=COMPILE_MODES, metavar="MODE",
                    help="compile every case's training step and inference pass with torch.compile (MODE: "
                         f"{', '.join(COMPILE_MODES)}; default 'default'; 'reduce-overhead' adds CUDA graphs, "
@@ -232,7 +233,8 @@ def _model_options(args: argparse.Namespace, quick: dict, mechs: list | None) ->
                         models=names + available, repeats=_first(args.repeats, quick.get("repeats"), 5),
                         warmup=_first(args.warmup, quick.get("warmup"), 1),
                         timing=not args.no_time, memory=not args.no_memory, compile=args.compile,
-                        profile=args.profile or 0)
+                        profile=args.profile or 0, policy=policy_overrides(args.policy),
+                        ab=policy_overrides(args.ab, "--ab"))
 
 
 def setup_line(opts: BenchOptions) -> str:

@@ -67,10 +67,10 @@ STAGES = ("tests", "layer_eager", "layer_compiled", "models", "profile", "ab", "
 # leave it CAT_SECONDS at least of the default deadline; the tests, which compile FlexAttention
 # steps, run 8 at a time where pytest-xdist is installed, as in the GPU machines' image, and took
 # their whole 60 s box in the last window; they now hold the flex_tma, flex_autotune and band-gradient
-# checks too, and take 15 s from the models stage, whose runs are all in the store for the H100; the
-# A/B stage, whose arms decide the CUDA defaults, takes 10 s from the eager grid and 10 from the
-# profiles, which also get the models stage's unspent box while it has nothing to run)
-BOXES = {"tests": 90, "layer_eager": 45, "layer_compiled": 45, "models": 25, "profile": 20, "ab": 50,
+# checks too; the A/B stages, layer arms and whole-model arms (models stage), whose answers decide
+# the CUDA defaults and could turn missed targets into met ones, take 20 s each from the eager and
+# compiled grids, which are long tails: 95 eager and 192 compiled setups left on the H100)
+BOXES = {"tests": 90, "layer_eager": 35, "layer_compiled": 35, "models": 45, "profile": 30, "ab": 40,
          "throughput": 30}
 CAT_SECONDS = 160
 # the measurement stages' units are small and the time a stage leaves unspent (finished early, skipped,
@@ -102,6 +102,14 @@ PROFILE_LAYER = ["t5", "alibi", "tisa", "dynamic_conv", "fixed_conv", "key_dynam
                  "cat"]
 PROFILE_MODELS = [[], ["t5"], ["dynamic_conv"], ["composite"], ["alibi"], ["tisa"], ["cat"]]  # []: absolute, BERT
 PROFILE_TOP = 10
+# the models stage after its grid: whole-model A/B runs (models, Policy overrides of the B arm) of the
+# arms that could turn a missed whole-model target into a met one, stored in gpu_model_ab: the encoder
+# against BERT with its QKV projection as three products (0.99x BERT, 2026-11-27, H100), the ALiBi
+# encoder (1.12x the encoder with absolute, the target 1.10x) with its fixed bias in cuDNN's kernel
+MODEL_AB_RUNS: list[tuple[list[str], dict[str, Any]]] = [
+    (["posattn_encoder", "hf_bert"], {"split_qkv": True}),
+    (["posattn_encoder", '["posattn_encoder", ["alibi"]]'], {"sdpa_backend": "cudnn"}),
+]
 # the ab stage: (n, batch, heads, dropout, mechanisms, fast-path Policy overrides of the B arm). The
 # whole encoder trains with attention dropout, which sends score terms to the dense bias; there the
 # query/key-relative terms' gather scatter-adds every clipped offset of a row into the window's two
@@ -398,33 +406,62 @@ def model_todo(s: Settings, hw: str | None = None) -> list[list[str]]:
                                             "eager", hw) for name in subjects], s.results)]
 
 
+def model_ab_todo(s: Settings, hw: str | None = None) -> list[tuple[list[str], dict[str, Any]]]:
+    """The runs of :data:`MODEL_AB_RUNS` with a setup (either arm) not in ``gpu_model_ab`` yet
+    (only those whose mechanisms are all in ``GPU_CHECK_MECHANISMS`` when that is set)."""
+    from ..experiments.store import hardware
+    from .cases import CaseSpec
+    from .models import HF_MODELS
+    from .store import MODEL_AB_RECIPE, missing, setup
+
+    sizes, hw = model_sizes(s), hw or hardware(s.device)
+    n = sizes.max_len
+    out = []
+    for group, ab in MODEL_AB_RUNS:
+        named = [m for g in group if g.startswith("[") for m in json.loads(g)[1]]
+        if s.mechanisms and not set(named) <= set(s.mechanisms):
+            continue
+        specs = [CaseSpec("model", g, n) for g in group]
+        specs += [CaseSpec("model", g, n, json.dumps(ab)) for g in group if g not in HF_MODELS]
+        if missing(MODEL_AB_RECIPE, [setup("model", c.label, n, sizes.batch, sizes, "eager", hw) for c in specs],
+                   s.results):
+            out.append((group, ab))
+    return out
+
+
 def model_stage(s: Settings, rows_out: Path) -> None:
-    """Whole models against Hugging Face, every run not yet in the store."""
+    """Whole models against Hugging Face, every run not yet in the store, then the whole-model
+    A/B runs (:data:`MODEL_AB_RUNS`, both arms in the same interleaved rounds)."""
     import torch
 
     from ..experiments.store import provenance
     from .cases import CaseSpec
     from .models import model_rows
     from .run import BenchOptions, run
-    from .store import MODEL_RECIPE, publish_rows
+    from .store import MODEL_AB_RECIPE, MODEL_RECIPE, publish_rows
 
     sizes = model_sizes(s)
     n = sizes.max_len
-    for group, attempt in attempts.in_turn("models", model_todo(s),
-                                           lambda g: f"n={n} batch={sizes.batch}: {', '.join(g)}", s.results):
-        _log(f"models n={n} batch={sizes.batch}: {', '.join(CaseSpec('model', g, n).label for g in group)}")
+    units = [(group, {}) for group in model_todo(s)] + model_ab_todo(s)
+
+    def name(unit: tuple[list[str], dict[str, Any]]) -> str:
+        return f"n={n} batch={sizes.batch}: {', '.join(unit[0])}" + (f" --ab {fields_text(unit[1])}" if unit[1] else "")
+
+    for (group, ab), attempt in attempts.in_turn("models", units, name, s.results):
+        _log(f"models n={n} batch={sizes.batch}: {', '.join(CaseSpec('model', g, n).label for g in group)}"
+             + (f" against --ab {fields_text(ab)}" if ab else ""))
         opts = BenchOptions(kinds=("model",), models=group, lengths=[n], batches=[sizes.batch], sizes=sizes,
                             threads=min(16, torch.get_num_threads()), repeats=s.repeats, warmup=1,
-                            memory=not s.tiny)
+                            memory=not s.tiny, ab=dict(ab))
         rows = model_rows(run(opts, log=_log))
         ref = next((r for r in rows if r["mechanism"] == "posattn_encoder" and r.get("train_ms")), None)
         for r in rows:
             if ref and r["mechanism"].startswith("posattn_encoder") and r.get("train_ms"):
                 r["vs_posattn_encoder"] = r["train_ms"] / ref["train_ms"]  # step time ÷ absolute's, same run
         command = (f"posattn bench --models --device {s.device} --dtype {sizes.dtype} -n {n} --batch {sizes.batch} "
-                   f"--repeats {s.repeats} ({', '.join(group)})")
-        written, kept = publish_rows(MODEL_RECIPE, "model", rows, sizes, "eager", provenance(command, s.device),
-                                     s.results)
+                   f"--repeats {s.repeats} ({', '.join(group)})" + (f" --ab {fields_text(ab)}" if ab else ""))
+        written, kept = publish_rows(MODEL_AB_RECIPE if ab else MODEL_RECIPE, "model", rows, sizes, "eager",
+                                     provenance(command, s.device), s.results)
         _append_rows(rows_out, rows)
         _failed_rows(rows, attempt)
         _log(f"models: {written} records written, {kept} already there")
@@ -725,7 +762,8 @@ class Driver:
         self.stage("layer_compiled", self.me("--stage", "layer_compiled"),
                    left=lambda: self.layer_left(s.compile_mode))
         self.stage("models", self.me("--stage", "models"),
-                   left=lambda: f"{len(model_todo(s))} model runs left" if model_todo(s) else "every run in the store")
+                   left=lambda: (f"{len(model_todo(s)) + len(model_ab_todo(s))} model runs left"
+                                 if model_todo(s) or model_ab_todo(s) else "every run in the store"))
         self.stage("profile", self.me("--stage", "profile"), left=lambda: (
             f"{len(profile_todo(s))} profile runs left" if profile_todo(s) else "every setup in the store"))
         self.stage("ab", self.me("--stage", "ab"),

@@ -171,7 +171,7 @@ def model_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             r["tokens_per_s"] = r["batch"] * r["n"] / (r["train_ms"] / 1e3)
     out = []
     for r in rows:
-        kind = r["mechanism"].split("(")[0]  # "posattn_decoder(t5)" -> "posattn_decoder"
+        kind = r["mechanism"].split("(")[0].split(" [")[0]  # "posattn_decoder(t5) [...]" -> "posattn_decoder"
         r = dict(r)
         peers = [hf for ours, hf in PAIRS if ours == kind]
         for hf in peers:

@@ -17,6 +17,7 @@ from ..runtime.compile import compiled as compiled_fn
 from . import peers as peer_lib
 from .cases import BASELINE, Case, CaseSpec, Sizes, make_case, spec_label
 from .measure import measure_memory, median, time_cases
+from .models import HF_MODELS
 from .profile import step_profile
 
 KINDS = ("layer", "op")  # "model" (whole models against Hugging Face) runs on its own: --models
@@ -50,8 +51,10 @@ def _log(msg: str) -> None:
 
 def case_specs(opts: BenchOptions, n: int) -> list[CaseSpec]:
     """Baselines first, then every mechanism per kind, then the peers (or the model cases)."""
-    if opts.kinds == ("model",):
-        return [CaseSpec("model", name, n) for name in opts.models]
+    if opts.kinds == ("model",):  # the B arm: posattn's models again under the overrides (not Hugging Face's)
+        return ([CaseSpec("model", name, n) for name in opts.models]
+                + [CaseSpec("model", name, n, json.dumps(opts.ab)) for name in opts.models
+                   if opts.ab and name not in HF_MODELS])
     specs: list[CaseSpec] = []
     for kind in opts.kinds:
         specs.append(CaseSpec(kind, BASELINE, n))

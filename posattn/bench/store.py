@@ -27,6 +27,7 @@ LAYER_RECIPE = "gpu_layer_bench"
 MODEL_RECIPE = "gpu_model_bench"
 AB_RECIPE = "gpu_layer_ab"  # both arms of each A/B run of the GPU command, layer records (its own store: a
 # setup the grid holds is measured again here, beside its alternative)
+MODEL_AB_RECIPE = "gpu_model_ab"  # whole models under a fast-path alternative beside the default (``--ab``)
 PROFILE_RECIPE = "gpu_profile"  # one profiled training step per setup (:mod:`.profile`), layer and model
 # the size fields that change a number (device and max_len follow from hardware and n)
 SIZE_FIELDS = ("heads", "head_dim", "causal", "vocab", "layers", "d_ff", "dropout")

@@ -132,6 +132,21 @@ def test_models_against_hugging_face(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert "speed ÷ BERT" in capsys.readouterr().out
 
 
+def test_models_ab_times_posattns_models_again_under_the_overrides(tmp_path: Path) -> None:
+    """``--models --ab``: every posattn model a second time under the Policy overrides, in the same
+    rounds, each arm with its ratio to BERT; the Hugging Face models once. ``--policy`` holds for
+    the whole run."""
+    pytest.importorskip("transformers")
+    rows = run_cli(tmp_path, "--models", "-n", "16", "--batch", "2", "--no-memory", "-m", "absolute",
+                   "--ab", "split_qkv=True", "--policy", "native=False")
+    assert all(r.get("policy") == {"native": False} for r in rows)   # the run's own policy, on every model
+    names = [r["mechanism"] for r in rows]
+    assert "posattn_encoder [split_qkv=True]" in names and "posattn_decoder [split_qkv=True]" in names
+    assert not any(n.startswith("hf_") and "[" in n for n in names) and names.count("hf_bert") == 1
+    arm = next(r for r in rows if r["mechanism"] == "posattn_encoder [split_qkv=True]")
+    assert arm["speed_vs_hf_bert"] > 0 and arm["tokens_per_s"] > 0
+
+
 def test_models_are_the_same_shape() -> None:
     """The posattn models and their Hugging Face peers have the same parameter count up to
     the architecture's stated differences (BERT: token types, embedding LayerNorm; Llama:

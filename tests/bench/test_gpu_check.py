@@ -384,3 +384,31 @@ def test_tests_stage_log_ends_with_the_counts(monkeypatch: pytest.MonkeyPatch) -
     cmd = gpu_check.pytest_command(["tests/core/test_cuda.py"])
     out = subprocess.run(cmd, capture_output=True, text=True, cwd=Path(__file__).resolve().parents[2], timeout=300)
     assert re.search(r"\d+ (passed|skipped|failed)", out.stdout.strip().splitlines()[-1]), out.stdout[-500:]
+
+
+def test_models_stage_runs_whole_model_ab_runs_into_their_own_recipe(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """After its grid the models stage times whole models under a fast-path alternative beside the
+    default (``posattn bench --models --ab``), Hugging Face's models once: both arms and BERT in
+    ``gpu_model_ab``, each ratio from that run; an arm that fails on this device (cuDNN's kernel on
+    a CPU) stores nothing and stays in the ledger."""
+    from posattn.bench import attempts
+    from posattn.bench.records import report
+    from posattn.bench.store import MODEL_AB_RECIPE, MODEL_RECIPE
+
+    pytest.importorskip("transformers")
+    monkeypatch.setattr(gpu_check, "model_todo", lambda s, hw=None: [])   # the grid: elsewhere
+    s = tiny(tmp_path, mechanisms=["alibi"])
+    assert [ab for _, ab in gpu_check.model_ab_todo(s)] == [{"split_qkv": True}, {"sdpa_backend": "cudnn"}]
+    gpu_check.model_stage(s, tmp_path / "models.json")
+    assert store.load(MODEL_RECIPE, s.results, kind="cell") == []
+    rows = {r["result"]["case"]: r["result"]["row"] for r in store.load(MODEL_AB_RECIPE, s.results, kind="cell")}
+    # the cuDNN run's A arm is stored, its B arm failed
+    assert set(rows) == {"posattn_encoder", "hf_bert", "posattn_encoder [split_qkv=True]", "posattn_encoder(alibi)"}
+    arm = rows["posattn_encoder [split_qkv=True]"]
+    assert arm["speed_vs_hf_bert"] > 0 and arm["vs_posattn_encoder"] > 0
+    assert [ab for _, ab in gpu_check.model_ab_todo(s)] == [{"sdpa_backend": "cudnn"}]   # tried again next time
+    assert [key for key in attempts.load(s.results)] == [
+        'models: n=32 batch=2: posattn_encoder, ["posattn_encoder", ["alibi"]] --ab sdpa_backend=cudnn']
+    text = report(MODEL_AB_RECIPE, {"bench": "model"}, s.results, None)
+    assert "posattn_encoder [split_qkv=True]" in text and "hf_bert" in text
