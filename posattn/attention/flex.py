@@ -89,9 +89,8 @@ def _band_applies(table: Tensor | None, query_prods: list[tuple[Tensor, int]], k
                   n: int) -> bool:
     """Whether :mod:`.flex_band` can give every captured gradient: some query- or key-relative
     product or the Toeplitz table needs one, every such table has a window, nothing else captured
-    (dense biases, two-sided vectors) needs one,
-    and the band (2w + 1 offsets) is at most half the length; eager only (inside a ``torch.compile``d
-    step FlexAttention's own backward stays)."""
+    (dense biases, two-sided vectors) needs one, and the band (2w + 1 offsets) is at most half the
+    length; eager only (inside a ``torch.compile``d step FlexAttention's own backward stays)."""
     if not torch.is_grad_enabled() or torch.compiler.is_compiling():
         return False
     learned = [w for p, w in query_prods + key_prods if p.requires_grad]
