@@ -140,9 +140,9 @@ class Policy:
     # FlexAttention: windowed terms that learn (query- and key-relative products: dynamic_conv,
     # key_dynamic_conv, composite; Toeplitz tables constant beyond a window: t5, fixed_conv) get their
     # gradients from the band |j − i| <= w and two far sums per row or column (flex_band: one more
-    # FlexAttention forward per side) instead of FlexAttention's
-    # one atomic add per score (its backward took 15.7 ms for dynamic_conv, 5.5 ms for t5 against
-    # 3.4 ms for alibi at n 4096 on an H100); eager steps; an A/B arm of the GPU command
+    # FlexAttention forward per side) instead of FlexAttention's one atomic add per score (its
+    # backward took 15.7 ms for dynamic_conv, 5.5 ms for t5 against 3.4 ms for alibi at n 4096 on an
+    # H100); eager steps; an A/B arm of the GPU command
     flex_band_grads: bool = False
 
 

@@ -17,14 +17,13 @@ never read it.
 from __future__ import annotations
 
 import datetime
-import json
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
 from ..errors import PositionError
-from ..experiments.store import results_root
+from ..experiments.store import read_json, results_root
 from ..runtime.files import write_json_atomic
 
 LEDGER = "gpu_attempts.json"
@@ -40,19 +39,20 @@ def load(root: str | Path | None = None) -> dict[str, dict[str, Any]]:
     path = ledger_path(root)
     if not path.exists():
         return {}
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise PositionError(f"{path}: not a readable JSON file ({e})") from None
+    data = read_json(path)
     if not (isinstance(data, dict) and all(isinstance(v, dict) and isinstance(v.get("tries"), int)
                                            for v in data.values())):
         raise PositionError(f"{path}: not a ledger of GPU units ({{\"<stage>: <unit>\": {{\"tries\": k, ...}}}})")
     return data
 
 
+def _tries(data: dict[str, dict[str, Any]], key: str) -> int:
+    return data[key]["tries"] if key in data else 0
+
+
 def tries(key: str, root: str | Path | None = None) -> int:
     """How often the unit ``key`` started and did not finish."""
-    return int(load(root).get(key, {}).get("tries", 0))
+    return _tries(load(root), key)
 
 
 def _save(data: dict[str, dict[str, Any]], root: str | Path | None) -> None:
@@ -81,7 +81,7 @@ def running(key: str, root: str | Path | None = None) -> Iterator[Attempt]:
     out unless it called :meth:`Attempt.fail`, one that raises or is killed leaves it there."""
     data = load(root)
     today = datetime.datetime.now(datetime.timezone.utc).date().isoformat()
-    data[key] = {"tries": int(data.get(key, {}).get("tries", 0)) + 1, "date": today}
+    data[key] = {"tries": _tries(data, key) + 1, "date": today}
     _save(data, root)
     attempt = Attempt()
     yield attempt
@@ -95,7 +95,7 @@ def in_order(units: Iterable[U], key: Callable[[U], str], root: str | Path | Non
     """``units`` with those that never failed first (in their own order), then by fewest
     unfinished tries (``key(unit)``: its ledger entry)."""
     data = load(root)
-    return sorted(units, key=lambda u: int(data.get(key(u), {}).get("tries", 0)))
+    return sorted(units, key=lambda u: _tries(data, key(u)))
 
 
 def in_turn(stage: str, units: Iterable[U], name: Callable[[U], str],

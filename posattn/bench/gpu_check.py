@@ -56,6 +56,7 @@ from ..runtime.compile import COMPILE_MODES
 from ..runtime.files import check_name, write_bytes_atomic, write_text_atomic
 from . import attempts
 from .cases import Sizes, spec_label
+from .models import model_name
 from .report import save_json
 from .spec import fields_text
 from .throughput import EAGER  # GPU_CHECK_CAT_COMPILE's name for no torch.compile, as --compile-modes'
@@ -107,8 +108,8 @@ PROFILE_TOP = 10
 # against BERT with its QKV projection as three products (0.99x BERT, 2026-11-27, H100), the ALiBi
 # encoder (1.12x the encoder with absolute, the target 1.10x) with its fixed bias in cuDNN's kernel
 MODEL_AB_RUNS: list[tuple[list[str], dict[str, Any]]] = [
-    (["posattn_encoder", "hf_bert"], {"split_qkv": True}),
-    (["posattn_encoder", '["posattn_encoder", ["alibi"]]'], {"sdpa_backend": "cudnn"}),
+    ([model_name("posattn_encoder"), "hf_bert"], {"split_qkv": True}),
+    ([model_name("posattn_encoder"), model_name("posattn_encoder", ["alibi"])], {"sdpa_backend": "cudnn"}),
 ]
 # the ab stage: (n, batch, heads, dropout, mechanisms, fast-path Policy overrides of the B arm). The
 # whole encoder trains with attention dropout, which sends score terms to the dense bias; there the
@@ -369,7 +370,6 @@ def model_groups(mechanisms: list[str]) -> list[tuple[list[str], list[str]]]:
     run holds its reference: the encoder (``absolute``) and its MLM variant against BERT, the
     decoder (``rope``) against Llama, then score-term encoders three at a time beside ``absolute``.
     Names as :func:`.models.model_name` gives them."""
-    from .models import model_name
 
     enc = model_name("posattn_encoder")
     groups = [([enc, "posattn_mlm", "hf_bert"],) * 2, (["posattn_decoder", "hf_llama"],) * 2]
@@ -513,7 +513,6 @@ def profile_todo(s: Settings) -> list[tuple[str, Sizes, list[str]]]:
     from .. import mechanisms as registry
     from ..experiments.store import hardware
     from .cases import CaseSpec
-    from .models import model_name
     from .store import PROFILE_RECIPE, missing, setup
 
     hw = hardware(s.device)

@@ -40,7 +40,7 @@ import torch.nn.functional as F
 from ..models import Decoder, Encoder, ModelConfig
 from ..pretrain.data import Batch
 from ..pretrain.objective import MaskedLM
-from .spec import Case, CaseSpec, Sizes, record_paths
+from .spec import Case, CaseSpec, Sizes, record_paths, without_arm
 
 MODEL_SIZES = Sizes(heads=4, head_dim=64, batch=32, vocab=30522, layers=12, d_ff=1024, dropout=0.1,
                     max_len=512)
@@ -171,7 +171,7 @@ def model_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             r["tokens_per_s"] = r["batch"] * r["n"] / (r["train_ms"] / 1e3)
     out = []
     for r in rows:
-        kind = r["mechanism"].split("(")[0].split(" [")[0]  # "posattn_decoder(t5) [...]" -> "posattn_decoder"
+        kind = without_arm(r["mechanism"]).split("(")[0]  # "posattn_decoder(t5) [...]" -> "posattn_decoder"
         r = dict(r)
         peers = [hf for ours, hf in PAIRS if ours == kind]
         for hf in peers:

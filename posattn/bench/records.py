@@ -32,7 +32,7 @@ from .report import (
     table,
     targets,
 )
-from .spec import BASELINE, fields_text
+from .spec import BASELINE, fields_text, without_arm
 from .store import LAYER_RECIPE, MODEL_RECIPE
 
 # GPU target, whole encoder: a score-term mechanism's step ≤ 1.10× the posattn encoder with
@@ -173,7 +173,7 @@ def layer_report(recipe: str, records: list[dict[str, Any]], root: str | Path | 
 def model_mechanism(label: str) -> str | None:
     """The mechanism of a model case's label (``posattn_encoder(alibi)`` -> ``alibi``), None for a
     model with its default mechanisms or a Hugging Face model."""
-    _, paren, inner = label.split(" [")[0].partition("(")   # "posattn_encoder(alibi) [arm]" too
+    _, paren, inner = without_arm(label).partition("(")   # "posattn_encoder(alibi) [arm]" too
     return inner[:-1] if paren else None
 
 

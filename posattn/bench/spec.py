@@ -71,6 +71,12 @@ class CaseSpec:
         return spec_label(json.loads(self.name))
 
 
+def without_arm(label: str) -> str:
+    """A case label without the `` [field=value,...]`` of an A/B arm (:attr:`CaseSpec.label`):
+    ``posattn_encoder(alibi) [sdpa_backend=cudnn]`` -> ``posattn_encoder(alibi)``."""
+    return label.split(" [")[0]
+
+
 @dataclass
 class Case:
     spec: CaseSpec
