@@ -35,11 +35,16 @@ class DocumentSlots:
               block: int = 1, lead: Tensor | None = None) -> DocumentSlots:
         """Each document's span: ``lead`` empty slots (per token [b, n], read at the document's
         first token; default 0), its tokens, ``gap`` empty slots, rounded up to a multiple of
-        ``block``; the spans follow each other. ``documents`` None: one document per row."""
-        if documents is None:
+        ``block``; the spans follow each other. ``documents`` None: one document per row, in the
+        most slots any lead could need (with a lead, up to one block more than it needs, empty): a
+        size known without reading the data, so no host sync splits a compiled step and eager and
+        compiled lay a row out alike. Packed rows read their document count and size from the data
+        (a host sync)."""
+        one = documents is None
+        if one:
             documents = torch.zeros(batch, n, dtype=torch.long, device=device)
         rank = document_rank(documents)
-        docs = int(rank.max()) + 1
+        docs = 1 if one else int(rank.max()) + 1
         length = torch.zeros(batch, docs, dtype=torch.long, device=device).scatter_add_(1, rank, torch.ones_like(rank))
         index = torch.arange(n, device=device).expand(batch, n)
         start = torch.zeros_like(length).scatter_reduce_(1, rank, index, "amin", include_self=False)
@@ -48,7 +53,10 @@ class DocumentSlots:
         span = torch.where(length > 0, span, torch.zeros_like(span))  # ranks a shorter row lacks
         base = span.cumsum(-1) - span
         slot = (base + first - start).gather(1, rank) + index
-        size = int(span.sum(-1).max())
+        if one:  # a bound known before the data (exact without a lead): no host sync
+            size = (n + gap + (0 if lead is None else block - 1) + block - 1) // block * block
+        else:
+            size = int(span.sum(-1).max())
         token = torch.zeros(batch, size, dtype=torch.long, device=device).scatter_(1, slot, index)
         filled = torch.zeros(batch, size, dtype=torch.bool, device=device).scatter_(
             1, slot, torch.ones_like(slot, dtype=torch.bool))

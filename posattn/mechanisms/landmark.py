@@ -32,7 +32,11 @@ every document is handled exactly as if it ran alone.
 Paths: ``reference`` materialises the same selection as a dense n×n mask (and bias) and runs
 one softmax over it; ``fast`` sorts the (query, chosen block) pairs by block so that each
 block's keys and values serve all the queries that chose it in one matmul: O(n·(L/B +
-(top_k + 1)·B)·d_h) time, O(n·(L/B + (top_k + 1)·B)) memory beyond q, k, v.
+(top_k + 1)·B)·d_h) time, O(n·(L/B + (top_k + 1)·B)) memory beyond q, k, v. Inside
+``torch.compile`` the group sizes, which follow the selection, would be shapes read from the data
+(a host sync and a new compile for every batch), so there each pair reads its chosen block's
+keys and values by index instead, a product and a sum the compiler fuses into one kernel: the
+same arithmetic, one graph whatever the selection.
 """
 from __future__ import annotations
 
@@ -183,42 +187,82 @@ class LandmarkCAT(CAT):
 
     def grouped(self, q: Tensor, k: Tensor, v: Tensor, scores: Tensor, chosen: Tensor, ok: Tensor,
                 slots: Slots, causal: bool, softmax: Softmax) -> Tensor:
-        """Fast: the (query, chosen block) pairs sorted by block, so each block's keys and values
-        serve all the queries that chose it in one matmul (no per-query copies); the own block
-        as one batched matmul; one softmax over the (top_k + 1)·B candidates of each query."""
+        """Fast: each query's scores against the keys of its chosen blocks (:class:`SortedPairs`
+        eagerly, :class:`IndexedPairs` inside ``torch.compile``) and against its own block as one
+        batched matmul; one softmax over the (top_k + 1)·B candidates of each query."""
         b, h, size, d = q.shape
         blk, nb, kk = self.block, size // self.block, chosen.shape[-1]
-        bh = b * h
-        # one view per block (unbind: a single backward op, not one full-size zero tensor per block)
-        kb, vb = k.reshape(bh * nb, blk, d).unbind(0), v.reshape(bh * nb, blk, -1).unbind(0)
-        # pairs (row r = (b, h), slot t, choice) keyed by the chosen block r·nb + c, sorted
-        row = torch.arange(bh, device=q.device).view(bh, 1, 1)
-        key = (row * nb + chosen.reshape(bh, size, kk)).reshape(-1)
-        order = torch.argsort(key, stable=True)
-        unsort = torch.argsort(order)
-        query_of = (row * size + torch.arange(size, device=q.device).view(1, size, 1)).expand(bh, size, kk)
-        q_sorted = q.reshape(bh * size, d).index_select(0, query_of.reshape(-1)[order])
-        counts = torch.bincount(key, minlength=bh * nb).tolist()
-        groups = [(g, part) for g, part in enumerate(q_sorted.split(counts)) if part.shape[0]]
-        s_sorted = torch.cat([part @ kb[g].T for g, part in groups])  # [pairs, B]
-        s_sel = s_sorted.index_select(0, unsort).view(b, h, size, kk * blk) / math.sqrt(d)
-        real = slots.real.view(-1, 1, nb, blk)
-        picked_real = real.expand(b, h, nb, blk).reshape(bh * nb, blk).index_select(0, key)
+        pairs = (IndexedPairs if torch.compiler.is_compiling() else SortedPairs)(q, k, v, chosen, blk)
+        s_sel = pairs.scores().view(b, h, size, kk * blk) / math.sqrt(d)
+        real = slots.real.view(-1, 1, nb, blk).expand(b, h, nb, blk)
+        picked_real = real.gather(2, chosen.reshape(b, h, size * kk, 1).expand(-1, -1, -1, blk))
         keep_sel = picked_real.view(b, h, size, kk, blk) & ok[..., None]
         if self.selection == "soft":
             s_sel = s_sel + scores.gather(-1, chosen).repeat_interleave(blk, -1)
         s_sel = s_sel.masked_fill(~keep_sel.view(b, h, size, kk * blk), float("-inf"))
-        qo = q.view(b, h, nb, blk, d)
-        s_own = qo @ k.view(b, h, nb, blk, d).transpose(-1, -2) / math.sqrt(d)
+        s_own = q.view(b, h, nb, blk, d) @ k.view(b, h, nb, blk, d).transpose(-1, -2) / math.sqrt(d)
         own_ok = real[:, :, :, None, :].expand(b, h, nb, blk, blk)
         if causal:
             own_ok = own_ok.tril()
         own_ok = own_ok | torch.eye(blk, dtype=torch.bool, device=q.device)
         s_own = s_own.masked_fill(~own_ok, float("-inf")).view(b, h, size, blk)
         p = dropout(torch.softmax(torch.cat([s_sel, s_own], -1), -1), softmax.dropout, softmax.training)
-        p_sorted = p[..., : kk * blk].reshape(bh * size * kk, blk).index_select(0, order)
-        o_sorted = torch.cat([part @ vb[g] for (g, _), part in
-                              zip(groups, p_sorted.split([c for c in counts if c]))])
-        o_sel = o_sorted.index_select(0, unsort).view(b, h, size, kk, -1).sum(-2)
+        o_sel = pairs.values(p[..., : kk * blk].reshape(b, h, size, kk, blk)).sum(-2)
         o_own = (p[..., kk * blk:].view(b, h, nb, blk, blk) @ v.view(b, h, nb, blk, -1)).view(b, h, size, -1)
         return o_sel + o_own
+
+
+class SortedPairs:
+    """The (query, chosen block) pairs of :meth:`LandmarkCAT.grouped` sorted by block, so that
+    each block's keys and values serve all the queries that chose it in one matmul (no copy of
+    a block per query). The groups' sizes follow the selection, a shape read from the data: the
+    eager form."""
+
+    def __init__(self, q: Tensor, k: Tensor, v: Tensor, chosen: Tensor, blk: int) -> None:
+        b, h, size, d = q.shape
+        bh, nb, kk = b * h, size // blk, chosen.shape[-1]
+        self.shape = (b, h, size, kk)
+        # one view per block (unbind: a single backward op, not one full-size zero tensor per block)
+        self.kb, self.vb = k.reshape(bh * nb, blk, d).unbind(0), v.reshape(bh * nb, blk, -1).unbind(0)
+        # pairs (row r = (b, h), slot t, choice) keyed by the chosen block r·nb + c, sorted
+        row = torch.arange(bh, device=q.device).view(bh, 1, 1)
+        key = (row * nb + chosen.reshape(bh, size, kk)).reshape(-1)
+        self.order = torch.argsort(key, stable=True)
+        self.unsort = torch.argsort(self.order)
+        query_of = (row * size + torch.arange(size, device=q.device).view(1, size, 1)).expand(bh, size, kk)
+        q_sorted = q.reshape(bh * size, d).index_select(0, query_of.reshape(-1)[self.order])
+        self.counts = torch.bincount(key, minlength=bh * nb).tolist()
+        self.groups = [(g, part) for g, part in enumerate(q_sorted.split(self.counts)) if part.shape[0]]
+
+    def scores(self) -> Tensor:
+        """q·k against every key of each chosen block, [b, h, N', top_k, B] (unscaled)."""
+        s_sorted = torch.cat([part @ self.kb[g].T for g, part in self.groups])  # [pairs, B]
+        return s_sorted.index_select(0, self.unsort).view(*self.shape, -1)
+
+    def values(self, p: Tensor) -> Tensor:
+        """Σ_m p_m v_m over each chosen block's values, [b, h, N', top_k, d_v], from p [b, h, N', top_k, B]."""
+        p_sorted = p.reshape(-1, p.shape[-1]).index_select(0, self.order)
+        o_sorted = torch.cat([part @ self.vb[g] for (g, _), part in
+                              zip(self.groups, p_sorted.split([c for c in self.counts if c]))])
+        return o_sorted.index_select(0, self.unsort).view(*self.shape, -1)
+
+
+class IndexedPairs:
+    """:class:`SortedPairs`' products with each pair reading its block's keys and values by
+    index: a product and a sum that ``torch.compile`` fuses into one kernel of indirect loads
+    (no block copied per query in memory), with no shape read from the data, so a compiled step
+    stays one graph and is not compiled again when the selection changes."""
+
+    def __init__(self, q: Tensor, k: Tensor, v: Tensor, chosen: Tensor, blk: int) -> None:
+        b, h, size, d = q.shape
+        nb = size // blk
+        self.q = q
+        rows = (torch.arange(b, device=q.device).view(b, 1, 1, 1), torch.arange(h, device=q.device).view(1, h, 1, 1))
+        self.k = k.view(b, h, nb, blk, d)[(*rows, chosen)]  # [b, h, N', top_k, B, d], fused into its reader
+        self.v = v.view(b, h, nb, blk, -1)[(*rows, chosen)]
+
+    def scores(self) -> Tensor:
+        return (self.q[:, :, :, None, None, :] * self.k).sum(-1)
+
+    def values(self, p: Tensor) -> Tensor:
+        return (p[..., None] * self.v).sum(-2)

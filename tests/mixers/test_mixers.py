@@ -91,9 +91,13 @@ VARIANTS = [
 ]
 
 
-def outputs_and_grads(m, ids, keep, positions):
+def hidden_and_loss(m, ids, keep, positions):
     h = m.hidden(ids, attention_mask=keep, positions=positions)
-    loss = (h * keep[..., None] * torch.linspace(-1, 1, h.shape[-1], dtype=h.dtype)).sum()
+    return h, (h * keep[..., None] * torch.linspace(-1, 1, h.shape[-1], dtype=h.dtype)).sum()
+
+
+def outputs_and_grads(m, ids, keep, positions, forward=hidden_and_loss):
+    h, loss = forward(m, ids, keep, positions)
     grads = torch.autograd.grad(loss, [p for p in m.parameters()], allow_unused=True)
     return h[keep], [torch.zeros(()) if g is None else g for g in grads]
 
@@ -114,6 +118,35 @@ def test_fast_equals_reference(spec, causal):
         for a, b in zip(g_fast, g_ref):
             torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-10)
     assert any(g.abs().max() > 0 for g in g_ref)
+
+
+LANDMARKS = [v for v in VARIANTS if v["name"] == "landmark_cat"]
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["encoder", "decoder"])
+@pytest.mark.parametrize("spec", LANDMARKS, ids=lambda s: ",".join(f"{k}={v}" for k, v in s.items()))
+def test_landmark_compiled_form_equals_reference_in_one_graph(spec, causal):
+    """Inside torch.compile Landmark CAT reads each chosen block by index and sizes its slots
+    without reading the data: the forward is one graph (no host sync splits it), equal to the
+    reference in outputs and gradients, and new selections (other rows, other positions) compile
+    nothing again (before, each new selection compiled the step again)."""
+    from torch._dynamo.testing import CompileCounter
+
+    ids, keep = ids_and_keep()
+    ref = make([spec], causal, "reference")
+    fast = make([spec], causal, "fast")
+    torch._dynamo.reset()
+    graphs = CompileCounter()
+    forward = torch.compile(hidden_and_loss, backend=graphs)
+    offset = torch.tensor([[0], [3], [7]]) + torch.arange(ids.shape[1])
+    for seed, positions in ((1, offset), (2, offset + 2), (3, offset + 11)):
+        ids, keep = ids_and_keep(seed=seed)
+        h_ref, g_ref = outputs_and_grads(ref, ids, keep, positions)
+        h_fast, g_fast = outputs_and_grads(fast, ids, keep, positions, forward)
+        torch.testing.assert_close(h_fast, h_ref, rtol=1e-10, atol=1e-10)
+        for a, b in zip(g_fast, g_ref):
+            torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-10)
+    assert graphs.frame_count == 1
 
 
 @pytest.mark.parametrize("spec", [v for v in VARIANTS if v["name"] != "convbert"] + [{"name": "convbert"}],
