@@ -123,6 +123,14 @@ def test_compiled_flex_step_is_one_graph_on_cuda(name, path, monkeypatch):
     assert not [w for w in seen if "without torch.compile" in str(w.message)], [str(w.message) for w in seen]
 
 
+def test_compiled_landmark_step_compiles_once_on_cuda():
+    """Landmark CAT (Fig 4) through inductor on CUDA: eager's loss and gradients, one compile for
+    batches that choose other blocks."""
+    from runtime.test_compile import landmark_step_compiles_once
+
+    landmark_step_compiles_once("cuda")
+
+
 def test_profile_ranks_cuda_kernels():
     from posattn.bench.profile import step_profile
 

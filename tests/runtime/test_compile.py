@@ -88,6 +88,41 @@ def test_training_step_is_one_graph(name):
     torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6)
 
 
+def landmark_step_compiles_once(device, backend="inductor"):
+    """Landmark CAT (Fig 4) in a training step through torch.compile on ``device``: each (query,
+    chosen block) pair reads its block by index inside the compiled step, so batches that choose
+    other blocks compile nothing again, and the loss and gradients are eager's."""
+    import copy
+
+    from posattn.models import build_model
+    from posattn.synthetic.generators import generate
+    from posattn.synthetic.train import masked_loss, scored_bound
+
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    eager = build_model({"kind": "decoder", "vocab_size": 32, "d_model": 32, "n_layers": 1, "n_heads": 2, "d_ff": 0,
+                         "max_len": 64, "mechanisms": [{"name": "landmark_cat", "block_size": 4}]}).to(device).train()
+    comp = copy.deepcopy(eager)
+    step = torch.compile(masked_loss, backend=backend)
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        for split in ("train", "valid"):  # other examples: 16 blocks a row, other ones chosen
+            d = generate("mqar", 16, 64, 32, seed=0, split=split, num_kv_pairs=4)
+            inputs, labels = d.inputs.to(device), d.labels.to(device)
+            a, b = masked_loss(eager, inputs, labels), step(comp, inputs, labels, scored_bound(d))
+            a.backward()
+            b.backward()
+            torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5)
+            for (key, p), q in zip(eager.named_parameters(), comp.parameters()):
+                torch.testing.assert_close(q.grad, p.grad, rtol=1e-3, atol=1e-5, msg=key)
+                p.grad = q.grad = None
+
+
+def test_compiled_landmark_step_compiles_once():
+    """On the CPU through AOTAutograd without inductor's code generation (a minute of compiling
+    on 2 cores), which the CUDA test runs."""
+    landmark_step_compiles_once("cpu", "aot_eager")
+
+
 def test_compiled_loss_at_a_static_count_of_scored_rows_equals_eager():
     """The compiled step's synthetic loss at ``scored_max`` rows per example (rows that score
     fewer padded with unscored ones, ignored) gives eager's loss and gradients; a bound below an
