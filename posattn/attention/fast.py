@@ -113,6 +113,10 @@ class Policy:
     # off the CPU: the short depthwise convolutions (CAT, conv_qkv, depthwise_conv) through
     # torch.compile (mechanisms.conv.conv_compiled) instead of eager shift-and-add
     compiled_conv: bool = False
+    # off the CPU: mixers that attend over blocks each query picks (mechanisms.landmark) through
+    # torch.compile, which reads the picked blocks by index in fused kernels, instead of eager's one
+    # matmul per block (b·h·L/B launches a layer)
+    compiled_blocks: bool = False
     # the SDPA kernels every scaled_dot_product_attention call of this path may take
     # (torch.nn.attention.sdpa_kernel): "auto" leaves the choice to PyTorch (cuDNN's attention on an
     # H100 in torch 2.13 for bf16), "flash" FlashAttention-2 (or the CPU's flash kernel); a backend

@@ -151,6 +151,9 @@ AB_RUNS: list[tuple[int, int, int, float, list[str], dict[str, Any]]] = [
     # the short depthwise convolutions compiled: CAT's whole encoder spent 27 of its 79 ms of kernels
     # in some 860 elementwise, copy and sum kernels (2026-11-27, H100), eager's shift-and-add
     (512, 32, 12, 0.1, ["cat", "depthwise_conv", "conv_qkv"], {"compiled_conv": True}),
+    # Landmark CAT's picked blocks read by index in compiled kernels: eager launches one matmul per
+    # block, b·h·L/B of them a layer, and took 91x SDPA at n 512 (2026-11-27, H100)
+    (512, 16, 4, 0.0, ["landmark_cat"], {"compiled_blocks": True}),
 ]
 # Fig 2 first: its cells train in about a minute each on an H100 (bench-throughput: 258 cells/h
 # with 4 compiled workers), so a window's last minutes finish some; Fig 1's 2-layer cells at

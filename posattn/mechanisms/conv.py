@@ -147,21 +147,15 @@ def conv_fft(x: Tensor, w: Tensor, left: int) -> Tensor:
     return torch.fft.irfft(spec, size, dim=1)[:, start:start + n]
 
 
-_COMPILED: dict[str, Callable[[Tensor, Tensor, int], Tensor]] = {}
-
-
 def conv_compiled(x: Tensor, w: Tensor, left: int) -> Tensor:
     """:func:`conv_shift` through ``torch.compile`` (one kernel forward, fused backward; one
     compiled graph per shape, as FlexAttention's). Inside a compiled step the shift-and-add
     itself: the step's compiler fuses it there."""
     if torch.compiler.is_compiling():
         return conv_shift(x, w, left)
-    if "shift" not in _COMPILED:
-        from ..runtime.compile import raise_recompile_limits
+    from ..runtime.compile import compiled_piece
 
-        raise_recompile_limits()
-        _COMPILED["shift"] = torch.compile(conv_shift, dynamic=False)
-    return _COMPILED["shift"](x, w, left)
+    return compiled_piece(conv_shift)(x, w, left)
 
 
 METHODS: dict[str, Callable[[Tensor, Tensor, int], Tensor]] = {

@@ -41,6 +41,7 @@ same arithmetic, one graph whatever the selection.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Literal
 
 import torch
@@ -187,29 +188,58 @@ class LandmarkCAT(CAT):
 
     def grouped(self, q: Tensor, k: Tensor, v: Tensor, scores: Tensor, chosen: Tensor, ok: Tensor,
                 slots: Slots, causal: bool, softmax: Softmax) -> Tensor:
-        """Fast: each query's scores against the keys of its chosen blocks (:class:`SortedPairs`
-        eagerly, :class:`IndexedPairs` inside ``torch.compile``) and against its own block as one
-        batched matmul; one softmax over the (top_k + 1)·B candidates of each query."""
-        b, h, size, d = q.shape
-        blk, nb, kk = self.block, size // self.block, chosen.shape[-1]
-        pairs = (IndexedPairs if torch.compiler.is_compiling() else SortedPairs)(q, k, v, chosen, blk)
-        s_sel = pairs.scores().view(b, h, size, kk * blk) / math.sqrt(d)
-        real = slots.real.view(-1, 1, nb, blk).expand(b, h, nb, blk)
-        picked_real = real.gather(2, chosen.reshape(b, h, size * kk, 1).expand(-1, -1, -1, blk))
-        keep_sel = picked_real.view(b, h, size, kk, blk) & ok[..., None]
-        if self.selection == "soft":
-            s_sel = s_sel + scores.gather(-1, chosen).repeat_interleave(blk, -1)
-        s_sel = s_sel.masked_fill(~keep_sel.view(b, h, size, kk * blk), float("-inf"))
-        s_own = q.view(b, h, nb, blk, d) @ k.view(b, h, nb, blk, d).transpose(-1, -2) / math.sqrt(d)
-        own_ok = real[:, :, :, None, :].expand(b, h, nb, blk, blk)
-        if causal:
-            own_ok = own_ok.tril()
-        own_ok = own_ok | torch.eye(blk, dtype=torch.bool, device=q.device)
-        s_own = s_own.masked_fill(~own_ok, float("-inf")).view(b, h, size, blk)
-        p = dropout(torch.softmax(torch.cat([s_sel, s_own], -1), -1), softmax.dropout, softmax.training)
-        o_sel = pairs.values(p[..., : kk * blk].reshape(b, h, size, kk, blk)).sum(-2)
-        o_own = (p[..., kk * blk:].view(b, h, nb, blk, blk) @ v.view(b, h, nb, blk, -1)).view(b, h, size, -1)
-        return o_sel + o_own
+        """Fast: :func:`attend_blocks`; off the CPU under ``Policy.compiled_blocks`` through
+        ``torch.compile`` (:func:`compiled_attend_blocks`)."""
+        attend = compiled_attend_blocks() if _compiled_ok(q) else attend_blocks
+        return attend(q, k, v, scores, chosen, ok, slots.real, causal, self.block, self.selection == "soft",
+                      softmax.dropout, softmax.training)
+
+
+def attend_blocks(q: Tensor, k: Tensor, v: Tensor, scores: Tensor, chosen: Tensor, ok: Tensor, real: Tensor,
+                  causal: bool, blk: int, soft: bool, p_drop: float, training: bool) -> Tensor:
+    """Landmark CAT's fast path over slots [b, h, N', d]: each query's scores against the keys of
+    its chosen blocks (:class:`SortedPairs` eagerly, :class:`IndexedPairs` inside
+    ``torch.compile``) and against its own block as one batched matmul; one softmax over the
+    (top_k + 1)·B candidates of each query. ``real`` [b, N'] marks the slots holding a token,
+    ``soft`` adds each chosen block's landmark score to its keys' scores."""
+    b, h, size, d = q.shape
+    nb, kk = size // blk, chosen.shape[-1]
+    pairs = (IndexedPairs if torch.compiler.is_compiling() else SortedPairs)(q, k, v, chosen, blk)
+    s_sel = pairs.scores().view(b, h, size, kk * blk) / math.sqrt(d)
+    real = real.view(-1, 1, nb, blk).expand(b, h, nb, blk)
+    picked_real = real.gather(2, chosen.reshape(b, h, size * kk, 1).expand(-1, -1, -1, blk))
+    keep_sel = picked_real.view(b, h, size, kk, blk) & ok[..., None]
+    if soft:
+        s_sel = s_sel + scores.gather(-1, chosen).repeat_interleave(blk, -1)
+    s_sel = s_sel.masked_fill(~keep_sel.view(b, h, size, kk * blk), float("-inf"))
+    s_own = q.view(b, h, nb, blk, d) @ k.view(b, h, nb, blk, d).transpose(-1, -2) / math.sqrt(d)
+    own_ok = real[:, :, :, None, :].expand(b, h, nb, blk, blk)
+    if causal:
+        own_ok = own_ok.tril()
+    own_ok = own_ok | torch.eye(blk, dtype=torch.bool, device=q.device)
+    s_own = s_own.masked_fill(~own_ok, float("-inf")).view(b, h, size, blk)
+    p = dropout(torch.softmax(torch.cat([s_sel, s_own], -1), -1), p_drop, training)
+    o_sel = pairs.values(p[..., : kk * blk].reshape(b, h, size, kk, blk)).sum(-2)
+    o_own = (p[..., kk * blk:].view(b, h, nb, blk, blk) @ v.view(b, h, nb, blk, -1)).view(b, h, size, -1)
+    return o_sel + o_own
+
+
+def compiled_attend_blocks() -> Callable[..., Tensor]:
+    """:func:`attend_blocks` through ``torch.compile`` (one graph per shape, as FlexAttention's):
+    the pairs read their blocks by index in fused kernels instead of one matmul per block, which
+    an eager GPU step launches b·h·(L/B) of."""
+    from ..runtime.compile import compiled_piece
+
+    return compiled_piece(attend_blocks)
+
+
+def _compiled_ok(q: Tensor) -> bool:
+    """``Policy.compiled_blocks`` off the CPU, outside a compiled step (inside one, the step's
+    compiler takes :func:`attend_blocks` as it is)."""
+    from ..attention.fast import policy_for  # the attention package imports the mechanisms' modules
+
+    return (q.device.type != "cpu" and not torch.compiler.is_compiling()
+            and policy_for(q.device).compiled_blocks)
 
 
 class SortedPairs:

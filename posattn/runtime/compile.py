@@ -57,6 +57,19 @@ def raise_recompile_limits(at_least: int = 4096) -> None:
             setattr(torch._dynamo.config, name, max(getattr(torch._dynamo.config, name), at_least))
 
 
+_PIECES: dict[Callable[..., Any], Callable[..., Any]] = {}
+
+
+def compiled_piece(fn: F) -> F:
+    """``fn`` through ``torch.compile`` with static shapes, built once per process: a piece of an
+    eager step that runs compiled (a fused kernel, one graph per shape), with the recompile
+    limits raised so that many shapes never fall back to eager."""
+    if fn not in _PIECES:
+        raise_recompile_limits()
+        _PIECES[fn] = torch.compile(fn, dynamic=False)
+    return _PIECES[fn]  # type: ignore[return-value]
+
+
 def compiled(fn: F, mode: str | None) -> F:
     """``fn`` through ``torch.compile`` in ``mode`` (None: ``fn`` itself, eager)."""
     if check_mode(mode) is None:

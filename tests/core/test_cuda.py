@@ -86,6 +86,20 @@ def test_compiled_convolutions_equal_reference_on_cuda(name, causal):
         check_fast_against_reference(name, causal)
 
 
+@pytest.mark.parametrize("causal", [False, True], ids=["encoder", "decoder"])
+def test_compiled_blocks_equal_reference_on_cuda(causal, monkeypatch):
+    """Landmark CAT's picked blocks read by index through torch.compile (``Policy.compiled_blocks``,
+    the GPU command's A/B arm), and that compiled function is the one that ran."""
+    from posattn.mechanisms import landmark
+
+    calls = []
+    real = landmark.compiled_attend_blocks
+    monkeypatch.setattr(landmark, "compiled_attend_blocks", lambda: calls.append(1) or real())
+    with fast.using(fast.policy_for(torch.device("cuda"), compiled_blocks=True)):
+        check_fast_against_reference("landmark_cat", causal)
+    assert calls
+
+
 @pytest.mark.parametrize(("name", "path"), [("t5", "flex"), ("alibi", "sdpa")])
 def test_compiled_flex_step_is_one_graph_on_cuda(name, path, monkeypatch):
     """CAT Fig 2's attention baselines on their CUDA path in a whole training step through

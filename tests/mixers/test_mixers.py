@@ -149,6 +149,35 @@ def test_landmark_compiled_form_equals_reference_in_one_graph(spec, causal):
     assert graphs.frame_count == 1
 
 
+def test_compiled_blocks_policy_attends_through_inductor_off_the_cpu():
+    """``Policy.compiled_blocks`` sends Landmark CAT's fast path off the CPU through
+    torch.compile, where each pair reads its block by index; that compiled function (inductor,
+    run on the CPU here) gives eager's output and gradients for soft selection, padding and
+    choices that are not real candidates."""
+    from posattn.attention.fast import Policy, using
+    from posattn.mechanisms.landmark import _compiled_ok, attend_blocks, compiled_attend_blocks
+
+    meta = torch.empty(1, device="meta")
+    assert not _compiled_ok(meta)
+    with using(Policy(compiled_blocks=True)):
+        assert _compiled_ok(meta) and not _compiled_ok(torch.empty(1))
+    g = torch.Generator().manual_seed(0)
+    b, h, blk, nb, d, kk = 2, 2, 4, 5, 8, 2
+    q, k, v = (torch.randn(b, h, nb * blk, d, generator=g, dtype=torch.float64, requires_grad=True)
+               for _ in range(3))
+    scores = torch.randn(b, h, nb * blk, nb, generator=g, dtype=torch.float64, requires_grad=True)
+    chosen = torch.randint(0, nb, (b, h, nb * blk, kk), generator=g)
+    ok = torch.rand(b, h, nb * blk, kk, generator=g) > 0.2
+    real = torch.rand(b, nb * blk, generator=g) > 0.1
+    args = (q, k, v, scores, chosen, ok, real, True, blk, True, 0.0, True)  # a decoder's, as in CAT Fig 4
+    outs = [f(*args) for f in (attend_blocks, compiled_attend_blocks())]
+    grads = [torch.autograd.grad((o * torch.linspace(-1, 1, d, dtype=o.dtype)).sum(), (q, k, v, scores))
+             for o in outs]
+    torch.testing.assert_close(outs[1], outs[0], rtol=1e-10, atol=1e-10)
+    for a, e in zip(grads[1], grads[0]):
+        torch.testing.assert_close(a, e, rtol=1e-9, atol=1e-10)
+
+
 @pytest.mark.parametrize("spec", [v for v in VARIANTS if v["name"] != "convbert"] + [{"name": "convbert"}],
                          ids=lambda s: ",".join(f"{k}={v}" for k, v in s.items()))
 def test_decoder_variants_are_causal(spec):
