@@ -36,7 +36,8 @@ block's keys and values serve all the queries that chose it in one matmul: O(n·
 ``torch.compile`` the group sizes, which follow the selection, would be shapes read from the data
 (a host sync and a new compile for every batch), so there each pair reads its chosen block's
 keys and values by index instead, a product and a sum the compiler fuses into one kernel: the
-same arithmetic, one graph whatever the selection.
+same arithmetic, one graph whatever the selection. Off the CPU, ``Policy.compiled_blocks`` runs
+that compiled form from eager code too (eager launches one matmul per block).
 """
 from __future__ import annotations
 
@@ -243,7 +244,7 @@ def _compiled_ok(q: Tensor) -> bool:
 
 
 class SortedPairs:
-    """The (query, chosen block) pairs of :meth:`LandmarkCAT.grouped` sorted by block, so that
+    """The (query, chosen block) pairs of :func:`attend_blocks` sorted by block, so that
     each block's keys and values serve all the queries that chose it in one matmul (no copy of
     a block per query). The groups' sizes follow the selection, a shape read from the data: the
     eager form."""
