@@ -373,7 +373,6 @@ def model_groups(mechanisms: list[str]) -> list[tuple[list[str], list[str]]]:
     run holds its reference: the encoder (``absolute``) and its MLM variant against BERT, the
     decoder (``rope``) against Llama, then score-term encoders three at a time beside ``absolute``.
     Names as :func:`.models.model_name` gives them."""
-
     enc = model_name("posattn_encoder")
     groups = [([enc, "posattn_mlm", "hf_bert"],) * 2, (["posattn_decoder", "hf_llama"],) * 2]
     for i in range(0, len(mechanisms), 3):

@@ -41,9 +41,7 @@ class DocumentSlots:
         compiled lay a row out alike. Packed rows read their document count and size from the data
         (a host sync)."""
         one = documents is None
-        if one:
-            documents = torch.zeros(batch, n, dtype=torch.long, device=device)
-        rank = document_rank(documents)
+        rank = torch.zeros(batch, n, dtype=torch.long, device=device) if one else document_rank(documents)
         docs = 1 if one else int(rank.max()) + 1
         length = torch.zeros(batch, docs, dtype=torch.long, device=device).scatter_add_(1, rank, torch.ones_like(rank))
         index = torch.arange(n, device=device).expand(batch, n)

@@ -280,8 +280,8 @@ class SortedPairs:
 
 class IndexedPairs:
     """:class:`SortedPairs`' products with each pair reading its block's keys and values by
-    index: a product and a sum that ``torch.compile`` fuses into one kernel of indirect loads
-    (no block copied per query in memory), with no shape read from the data, so a compiled step
+    index: a product and a sum that ``torch.compile`` can fuse into kernels of indirect loads
+    (not checked in its generated code), with no shape read from the data, so a compiled step
     stays one graph and is not compiled again when the selection changes."""
 
     def __init__(self, q: Tensor, k: Tensor, v: Tensor, chosen: Tensor, blk: int) -> None:
