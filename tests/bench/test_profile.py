@@ -16,11 +16,14 @@ from posattn.errors import PositionError
 
 def test_the_largest_operator_comes_first_and_the_shares_add_up() -> None:
     torch.manual_seed(0)
-    big = torch.randn(384, 384, requires_grad=True)
+    # the products are sized so that their time (~6·10^9 flops, tens of ms) dwarfs a scheduler
+    # time slice landing in a small op's own time on a loaded machine: at 384 × 384 (~10^8 flops)
+    # such a slice once put MmBackward0's self time above aten::mm's
+    big = torch.randn(1024, 1024, requires_grad=True)
     small = torch.randn(8, requires_grad=True)
 
     def step() -> None:
-        (big @ big).sum().backward()   # ~10^8 flops in mm and its two backward mm
+        (big @ big).sum().backward()   # one mm forward and its two backward mm
         for _ in range(3):
             (small * 2).sum().backward()
 
