@@ -15,6 +15,7 @@ from typing import Any
 from ..attention.fast import Policy
 from ..errors import PositionError, RunError
 from ..mechanisms import get
+from ..mechanisms.conv import METHODS, SHIFT_MAX
 from ..options import add_device_option, add_json_option, natural_int, positive_int, sequence_length
 from ..runtime.compile import COMPILE_MODES
 from ..runtime.device import resolve_device
@@ -86,7 +87,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "BertForMaskedLM, and a Decoder (rope) against GPT-NeoX and Llama; tokens/s and "
                         "peak memory (default n 128, batch 32)")
     p.add_argument("--conv", action="store_true",
-                   help="instead: time shift-add / Conv1d / FFT depthwise convolution by kernel length")
+                   help="instead: time each depthwise-convolution algorithm (shift-add, Conv1d, FFT, the C++ "
+                        "kernel, compiled shift-add up to 33 taps) by kernel length")
     p.add_argument("--out", type=Path, default=Path("runs/bench"),
                    help="folder for the table, plot and rows (bench.txt, bench.png, bench.json; default runs/bench)")
     add_json_option(p)
@@ -254,11 +256,12 @@ def bench_command(args: argparse.Namespace) -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     if opts is None:
         rows = conv_rows([1, 2, 3, 4, 5, 9, 17, 33, 65, 129, 257], 512 if args.quick else 4096,
-                         16 if args.quick else 256, 2, args.threads, _first(args.repeats, 2 if args.quick else 5))
-        print(f"depthwise conv, training step ms (n={512 if args.quick else 4096})")
+                         16 if args.quick else 256, 2, args.threads, _first(args.repeats, 2 if args.quick else 5),
+                         compiled_up_to=SHIFT_MAX + 1 if args.quick else 33)
+        print(f"depthwise conv, training step ms (n={512 if args.quick else 4096}; -: not timed)")
         for r in rows:
-            print(f"k={r['kernel']:4d}  shift {r['shift_ms']:8.2f}  conv1d {r['conv1d_ms']:8.2f}  "
-                  f"fft {r['fft_ms']:8.2f}  -> chosen: {r['chosen']}")
+            times = "  ".join(f"{m} {r[m + '_ms']:8.2f}" if m + "_ms" in r else f"{m} {'-':>8}" for m in METHODS)
+            print(f"k={r['kernel']:4d}  {times}  -> chosen: {r['chosen']}")
         save_json(rows, args.out / "conv.json")
         if args.json:
             print(json.dumps(rows, indent=1))

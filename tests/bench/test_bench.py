@@ -14,6 +14,7 @@ from posattn.bench.measure import measure_memory, memory_supported
 from posattn.bench.records import MODEL_TARGETS
 from posattn.bench.report import GRID_TARGETS, TRAIN_TARGETS, targets
 from posattn.cli import main
+from posattn.mechanisms.conv import SHIFT_MAX
 
 TINY = ["--quick", "--threads", "1", "--repeats", "1", "--warmup", "0"]
 
@@ -64,11 +65,17 @@ def test_peers_share_the_run(tmp_path: Path) -> None:
     assert all(r["train_ms"] > 0 for r in rows if r["kind"] == "peer")
 
 
-def test_conv_timings(tmp_path: Path) -> None:
+def test_conv_timings(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["bench", "--conv", "--quick", "--threads", "1", "--out", str(tmp_path)]) == 0
     rows = json.loads((tmp_path / "conv.json").read_text())
     assert [r["kernel"] for r in rows][:3] == [1, 2, 3]
     assert all(r["shift_ms"] > 0 and r["fft_ms"] > 0 and r["chosen"] for r in rows)
+    # the compiled shift-and-add only up to one tap past SHIFT_MAX: each length compiles its own graph
+    timed = [r["kernel"] for r in rows if "compiled_ms" in r]
+    assert timed == [r["kernel"] for r in rows if r["kernel"] <= SHIFT_MAX + 1] == [1, 2, 3, 4, 5]
+    printed = capsys.readouterr().out.splitlines()
+    assert printed[0].startswith("depthwise conv, training step ms (n=512") and len(printed) == 1 + len(rows)
+    assert "compiled        -" in printed[-1] and "shift " in printed[-1] and printed[-1].endswith("-> chosen: fft")
 
 
 def test_targets_and_specs() -> None:
