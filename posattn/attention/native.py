@@ -11,10 +11,11 @@ of :mod:`posattn.mechanisms.conv`; ``csrc/dropout.cpp`` the counter-based dropou
 
 Needs a C++ compiler with OpenMP and a CPU with AVX2 (the kernels are compiled for it). Compiled
 once per environment into torch's extensions folder (``TORCH_EXTENSIONS_DIR``), in a folder keyed by
-everything that changes the binary (:func:`build_key`), so two environments on one machine never
-rebuild each other's; a build takes 1-3 minutes on 2 cores (80-175 s measured on a busy 2-core
-machine). The build, and a wait for another process's build, each say so on stderr with the time
-taken. Where they cannot be built, one warning says why and the pure-PyTorch paths run.
+everything that changes the binary or where its sources lie (:func:`build_key`), so two environments,
+or two checkouts sharing one, never rebuild each other's; a build takes 1-3 minutes on 2 cores
+(80-175 s measured on a busy 2-core machine). The build, and a wait for another process's build,
+each say so on stderr with the time taken. Where they cannot be built, one warning says why and the
+pure-PyTorch paths run.
 ``POSATTN_NATIVE=0`` turns them off.
 """
 from __future__ import annotations
@@ -127,10 +128,13 @@ def _digest() -> str:
 def build_key() -> str:
     """The build folder's name: Python and torch versions (readable), and a hash of everything else
     that changes the binary or where it must live: the environment (``sys.prefix``), the torch
-    installation, the compiler (``CXX``) and the machine."""
+    installation, the compiler (``CXX``), the machine, and the folder of the sources. torch's build
+    file names the sources by absolute path and rebuilds, silently, when that path changes: two
+    checkouts sharing a folder rebuilt each other's kernels at every alternation (about 100 s each
+    on a busy 2-core machine, inside whichever call loaded them first)."""
     python = f"py{sys.version_info.major}{sys.version_info.minor}"
     parts = [sys.prefix, sys.version, torch.__version__, str(Path(torch.__file__).parent),
-             os.environ.get("CXX", "c++"), platform.machine(), " ".join(FLAGS)]
+             os.environ.get("CXX", "c++"), platform.machine(), " ".join(FLAGS), str(CSRC.resolve())]
     env = hashlib.sha1("\0".join(parts).encode()).hexdigest()[:12]
     return f"{NAME}-{python}-torch{torch.__version__}-{env}"
 

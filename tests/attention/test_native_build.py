@@ -7,6 +7,7 @@ import fcntl
 import sys
 import threading
 import types
+from pathlib import Path
 
 import pytest
 
@@ -77,4 +78,7 @@ def test_the_build_folder_is_keyed_by_the_environment(monkeypatch):
     other = native.build_key()
     assert other != key                                                # another environment: another folder
     monkeypatch.setenv("CXX", "clang++")
-    assert native.build_key() not in (key, other)                      # another compiler: another binary
+    compiler = native.build_key()
+    assert compiler not in (key, other)                                # another compiler: another binary
+    monkeypatch.setattr(native, "CSRC", Path("/elsewhere/checkout/posattn/attention/csrc"))
+    assert native.build_key() not in (key, other, compiler)            # another checkout's sources: another folder
