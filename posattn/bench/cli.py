@@ -26,7 +26,7 @@ from .models import DEFAULT_MECHANISMS, HF_MODELS, MODEL_LENGTHS, MODEL_SIZES, m
 from .peers import skipped as skipped_peers
 from .profile import profiles_text
 from .report import grid_markdown, model_table, ordered, plot, save_json, table, targets
-from .run import KINDS, BenchOptions, conv_rows, peer_matches, run
+from .run import COMPILED_CONV_UP_TO, KINDS, BenchOptions, conv_rows, peer_matches, run
 from .spec import BASELINE, fields_text
 
 QUICK = dict(lengths=[64, 128], heads=2, head_dim=16, repeats=2, warmup=1)
@@ -88,7 +88,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "peak memory (default n 128, batch 32)")
     p.add_argument("--conv", action="store_true",
                    help="instead: time each depthwise-convolution algorithm (shift-add, Conv1d, FFT, the C++ "
-                        "kernel, compiled shift-add up to 33 taps) by kernel length")
+                        f"kernel, compiled shift-add up to {COMPILED_CONV_UP_TO} taps) by kernel length")
     p.add_argument("--out", type=Path, default=Path("runs/bench"),
                    help="folder for the table, plot and rows (bench.txt, bench.png, bench.json; default runs/bench)")
     add_json_option(p)
@@ -257,7 +257,7 @@ def bench_command(args: argparse.Namespace) -> None:
     if opts is None:
         rows = conv_rows([1, 2, 3, 4, 5, 9, 17, 33, 65, 129, 257], 512 if args.quick else 4096,
                          16 if args.quick else 256, 2, args.threads, _first(args.repeats, 2 if args.quick else 5),
-                         compiled_up_to=SHIFT_MAX + 1 if args.quick else 33)
+                         compiled_up_to=SHIFT_MAX + 1 if args.quick else COMPILED_CONV_UP_TO)
         print(f"depthwise conv, training step ms (n={512 if args.quick else 4096}; -: not timed)")
         for r in rows:
             times = "  ".join(f"{m} {r[m + '_ms']:8.2f}" if m + "_ms" in r else f"{m} {'-':>8}" for m in METHODS)

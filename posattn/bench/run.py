@@ -200,8 +200,11 @@ def peer_matches() -> dict[str, str]:
     return {peer: spec_label(ours) for peer, ours in peer_lib.MATCH.items()}
 
 
+COMPILED_CONV_UP_TO = 33  # the longest kernel `bench --conv` times the compiled shift-and-add at
+
+
 def conv_rows(kernels: list[int], n: int, channels: int, batch: int, threads: int,
-              repeats: int, compiled_up_to: int = 33) -> list[dict[str, Any]]:
+              repeats: int, compiled_up_to: int = COMPILED_CONV_UP_TO) -> list[dict[str, Any]]:
     """Training-step time of each depthwise-convolution algorithm per kernel length; the
     compiled shift-and-add only for kernels up to ``compiled_up_to``: its graph unrolls one
     shifted product per tap and compiles once per length (on one loaded CPU core, cold cache:
