@@ -248,9 +248,12 @@ def cells_per_hour_started(row: dict[str, Any], steps: int | None = None) -> flo
 
 
 def cell_rate(row: dict[str, Any]) -> float:
-    """A worker's training steps per second of a cell's wall time, its validation passes counted.
+    """A worker's share of the aggregate training steps per second, its validation passes
+    counted: aggregate steps/s ÷ ``workers`` × (1 − eval share). The aggregate is taken over the
+    span from the first worker's start to the last one's end, as for ``cells_per_hour``, so that a
+    straggler counts here too and the start-up column never exceeds ``cells_per_hour_with_eval``.
     ``workers`` × this decides which setting trains more of the longest cells."""
-    return row["steps_per_s"] * (1.0 - row["eval_share"])
+    return row["aggregate_steps_per_s"] / row["workers"] * (1.0 - row["eval_share"])
 
 
 def break_even_steps(a: dict[str, Any], b: dict[str, Any]) -> float | None:

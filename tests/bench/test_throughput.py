@@ -63,7 +63,11 @@ def test_tiny_run_stores_one_record_per_setting(config: str, tmp_path: Path) -> 
         assert r["vs_baseline"] == pytest.approx(r["cells_per_hour"] / base["cells_per_hour"])
         assert 0 < r["eval_share"] < 1 and r["cells_per_hour_with_eval"] < r["cells_per_hour"]
         assert r["warmup_s"] > 0 and r["steps"] == 3 and r["cell_steps"] == 600
+        # the same aggregate rate less each cell's start-up: below the column beside it, however
+        # unevenly the workers shared the cores
         assert r["cells_per_hour_started"] < r["cells_per_hour_with_eval"]
+        per_cell_s = r["cell_steps"] / (r["aggregate_steps_per_s"] / r["workers"] * (1 - r["eval_share"]))
+        assert r["cells_per_hour_started"] == pytest.approx(r["workers"] * 3600 / (per_cell_s + r["warmup_s"]))
     assert base["vs_baseline"] == 1.0 and base["steps_per_s"] == pytest.approx(base["aggregate_steps_per_s"])
 
     records = store.load(RECIPE, root, kind="cell")
@@ -87,8 +91,8 @@ def test_tiny_run_stores_one_record_per_setting(config: str, tmp_path: Path) -> 
 def test_start_up_decides_the_winner_by_cell_length() -> None:
     """With each cell's start-up counted, many eager workers win short cells and fewer compiled
     workers long ones; they tie at the break-even length (the H100's rows of 2026-11-27)."""
-    eager = {"workers": 8, "steps_per_s": 36.2, "eval_share": 0.01, "warmup_s": 6.8, "cell_steps": 6000}
-    comp = {"workers": 4, "steps_per_s": 108.6, "eval_share": 0.13, "warmup_s": 13.1, "cell_steps": 6000}
+    eager = {"workers": 8, "aggregate_steps_per_s": 289.6, "eval_share": 0.01, "warmup_s": 6.8, "cell_steps": 6000}
+    comp = {"workers": 4, "aggregate_steps_per_s": 434.4, "eval_share": 0.13, "warmup_s": 13.1, "cell_steps": 6000}
     at = throughput.break_even_steps(eager, comp)
     assert at is not None and 2000 < at < 4000
     started = throughput.cells_per_hour_started
@@ -96,8 +100,12 @@ def test_start_up_decides_the_winner_by_cell_length() -> None:
     assert started(eager, 600) > started(comp, 600) and started(eager) < started(comp)
     # quicker and started sooner: the compiled step wins at every length
     assert throughput.break_even_steps(eager, {**comp, "warmup_s": 1.0}) is None
-    one = {"workers": 1, "steps_per_s": 100.0, "eval_share": 0.0, "warmup_s": 10.0, "cell_steps": 1000}
+    one = {"workers": 1, "aggregate_steps_per_s": 100.0, "eval_share": 0.0, "warmup_s": 10.0, "cell_steps": 1000}
     assert started(one) == pytest.approx(3600 / 20)
+    # a straggler lowers the aggregate, and with it every worker's share: two workers whose steps
+    # over the whole span came to 150 steps/s are credited 75 steps/s each, not 100
+    two = {**one, "workers": 2, "aggregate_steps_per_s": 150.0}
+    assert started(two) == pytest.approx(2 * 3600 / (1000 / 75 + 10))
 
 
 def test_bad_options_are_one_error(config: str, capsys: pytest.CaptureFixture[str]) -> None:
