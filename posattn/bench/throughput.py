@@ -228,8 +228,8 @@ def summarize(cell: Any, setting: Setting, steps: int, reports: list[dict[str, A
            "mode": setting.mode, "steps": steps, "cell_steps": cfg_steps,
            "steps_per_s": sum(rates) / len(rates), "aggregate_steps_per_s": aggregate,
            "cells_per_hour": aggregate * 3600 / cfg_steps,
-           "eval_share": eval_share, "cells_per_hour_with_eval": (1 - eval_share) * aggregate * 3600 / cfg_steps,
-           "warmup_s": max(r["warmup_s"] for r in reports)}
+           "eval_share": eval_share, "warmup_s": max(r["warmup_s"] for r in reports)}
+    row["cells_per_hour_with_eval"] = row["workers"] * cell_rate(row) * 3600 / cfg_steps
     row["cells_per_hour_started"] = cells_per_hour_started(row)
     return row
 
