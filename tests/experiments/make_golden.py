@@ -103,10 +103,14 @@ def finetune_values(root: Path) -> dict[str, Any]:
 
 
 def machine() -> str:
-    """The kind of CPU (``AMD EPYC``), as the results store names hardware but for the core count."""
+    """The kind of CPU and the instruction set PyTorch's CPU kernels dispatch to (``AMD EPYC, AVX512``):
+    the results store's name for the hardware but for the core count, plus
+    ``torch.backends.cpu.get_cpu_capability()``, since one name covers CPU generations whose kernels
+    round differently (an AVX2-only EPYC's fine-tuning losses differ from an AVX-512 EPYC's in the
+    last bit)."""
     from posattn.experiments.store import hardware
 
-    return hardware("cpu").rsplit(",", 1)[0]
+    return f"{hardware('cpu').rsplit(',', 1)[0]}, {torch.backends.cpu.get_cpu_capability()}"
 
 
 def pinned_values(root: Path) -> dict[str, Any]:
