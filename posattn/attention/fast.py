@@ -141,13 +141,6 @@ class Policy:
     # configuration per GPU and head size (the first call per shape then takes longer); an A/B arm
     # of the GPU command
     flex_autotune: bool = False
-    # FlexAttention: windowed terms that learn (query- and key-relative products: dynamic_conv,
-    # key_dynamic_conv, composite; Toeplitz tables constant beyond a window: t5, fixed_conv) get their
-    # gradients from the band |j − i| <= w and two far sums per row or column (flex_band: one more
-    # FlexAttention forward per side) instead of FlexAttention's one atomic add per score (its
-    # backward took 15.7 ms for dynamic_conv, 5.5 ms for t5 against 3.4 ms for alibi at n 4096 on an
-    # H100); eager steps; an A/B arm of the GPU command
-    flex_band_grads: bool = False
 
 
 CPU_POLICY = Policy()
@@ -361,7 +354,7 @@ def run(path: Path, q: Tensor, k: Tensor, v: Tensor, terms: list[Term], keep: Te
         return _dense(q, k, v, low, rest, keep, causal, scale, p, policy, documents)
     if path == "flex":
         return flex_attend(q, k, v, low, rest, keep, causal, scale, documents, formulas=policy.flex_formula,
-                           tma=policy.flex_tma, autotune=policy.flex_autotune, band_grads=policy.flex_band_grads)
+                           tma=policy.flex_tma, autotune=policy.flex_autotune)
     if path == "fused":
         for t in rest + low:
             if not t.fusable():

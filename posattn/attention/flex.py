@@ -63,8 +63,7 @@ def _scorer(big: int, table: Tensor | None, closed: list[Callable[[Tensor, Tenso
             sided: list[tuple[Tensor, ...]]) -> Callable[..., Tensor]:
     """FlexAttention's ``score_mod`` over the captured tensors (N = ``big``): the Toeplitz table at
     offset j − i, the closed forms, the query-/key-relative products at the clipped offset, the
-    dense biases and the two-sided vectors. Plain tensor indexing, so it also scores a whole band
-    of index tensors at once (:mod:`.flex_band`)."""
+    dense biases and the two-sided vectors."""
     def score_mod(score: Tensor, bi: Tensor, hi: Tensor, qi: Tensor, ki: Tensor) -> Tensor:
         r = ki - qi
         if table is not None:
@@ -84,28 +83,9 @@ def _scorer(big: int, table: Tensor | None, closed: list[Callable[[Tensor, Tenso
     return score_mod
 
 
-def _band_applies(table: Tensor | None, query_prods: list[tuple[Tensor, int]], key_prods: list[tuple[Tensor, int]],
-                  dense: list[Tensor], sided: list[tuple[Tensor, ...]], toeplitz_windows: list[int | None],
-                  n: int) -> bool:
-    """Whether :mod:`.flex_band` can give every captured gradient: some query- or key-relative
-    product or the Toeplitz table needs one, every such table has a window, nothing else captured
-    (dense biases, two-sided vectors) needs one, and the band (2w + 1 offsets) is at most half the
-    length; eager only (inside a ``torch.compile``d step FlexAttention's own backward stays)."""
-    if not torch.is_grad_enabled() or torch.compiler.is_compiling():
-        return False
-    learned = [w for p, w in query_prods + key_prods if p.requires_grad]
-    if table is not None and table.requires_grad:
-        if any(w is None for w in toeplitz_windows):
-            return False
-        learned += [w for w in toeplitz_windows if w is not None]
-    others = dense + [x for parts in sided for x in parts]
-    return bool(learned) and not any(x.requires_grad for x in others) and 2 * max(learned) + 1 <= n // 2
-
-
 def flex_attend(q: Tensor, k: Tensor, v: Tensor, low: list[LowRank], rest: list[Term],
                 keep: Tensor | None, causal: bool, scale: float, documents: Tensor | None = None,
-                formulas: bool = False, tma: bool = False, autotune: bool = False,
-                band_grads: bool = False) -> Tensor:
+                formulas: bool = False, tma: bool = False, autotune: bool = False) -> Tensor:
     """Attention [b, h, n, d_v] with every term inside FlexAttention (CUDA).
 
     The length is padded up to a multiple of :data:`BLOCK` (FlexAttention's block, so no extra
@@ -116,9 +96,7 @@ def flex_attend(q: Tensor, k: Tensor, v: Tensor, low: list[LowRank], rest: list[
     its own document. ``formulas``: a Toeplitz term with a ``formula`` is computed per score
     from it instead of read from its table. ``tma``: the kernels load through the Tensor Memory
     Accelerator (kernel option ``USE_TMA``, Hopper GPUs; ignored elsewhere). ``autotune``: the
-    kernels' configuration chosen by timing (:data:`AUTOTUNE`). ``band_grads``: windowed terms that
-    learn get their gradients from the band and two far sums per row (:mod:`.flex_band`) instead of
-    FlexAttention's per-score atomic adds, where that covers every captured gradient."""
+    kernels' configuration chosen by timing (:data:`AUTOTUNE`)."""
     from torch.nn.attention.flex_attention import create_block_mask
 
     b, h, n, _ = q.shape
@@ -162,14 +140,6 @@ def flex_attend(q: Tensor, k: Tensor, v: Tensor, low: list[LowRank], rest: list[
         else:  # low-rank terms arrive in ``low``, folded above
             raise refused("flex", t)
 
-    toeplitz_windows = [t.window for t in rest if isinstance(t, Toeplitz) and not (formulas and t.formula)]
-    band_mode = band_grads and _band_applies(table, query_prods, key_prods, dense, sided, toeplitz_windows, n)
-    if band_mode:   # FlexAttention reads them detached; BandGrads hands them their gradients
-        learned_table, learned = table, [(p, w) for p, w in query_prods if p.requires_grad]
-        learned_keys = [(p, w) for p, w in key_prods if p.requires_grad]
-        table = None if table is None else table.detach()
-        query_prods = [(p.detach(), w) for p, w in query_prods]
-        key_prods = [(p.detach(), w) for p, w in key_prods]
     score_mod = _scorer(big, table, closed, query_prods, key_prods, dense, sided)
 
     block_mask, mask_mod, batched = None, None, False
@@ -191,14 +161,5 @@ def flex_attend(q: Tensor, k: Tensor, v: Tensor, low: list[LowRank], rest: list[
         block_mask = create_block_mask(mask_mod, b if batched else None, None, big, big, device=q.device)
     flex = _flex(autotune)
     options = {"USE_TMA": True} if tma else None
-    if band_mode:
-        from .flex_band import attend as band_attend
-
-        table_grad = learned_table is not None and learned_table.requires_grad
-        o = band_attend(flex, q, k, v, score_mod, mask_mod, block_mask, b if batched else None, causal, options,
-                        table=learned_table if table_grad else None,
-                        table_window=max(w for w in toeplitz_windows if w is not None) if table_grad else None,
-                        prods=learned, key_prods=learned_keys)
-    else:
-        o = flex(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=1.0, kernel_options=options)
+    o = flex(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=1.0, kernel_options=options)
     return o[:, :, :n, :d_v]

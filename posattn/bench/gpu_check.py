@@ -131,10 +131,6 @@ AB_RUNS: list[tuple[int, int, int, float, list[str], dict[str, Any]]] = [
     # bias learns nothing: does cuDNN's kernel take it, and what does that save (its encoder 1.12x
     # absolute's, the target 1.10x)?
     (512, 32, 12, 0.1, ["alibi"], {"sdpa_backend": "cudnn"}),
-    # windowed terms that learn, their gradients from the band and two far sums per row instead of
-    # FlexAttention's per-score atomic adds (its backward 15.7 ms for dynamic_conv, 5.5 ms for t5,
-    # 3.4 ms for alibi, whose table learns nothing)
-    (4096, 16, 4, 0.0, [*RELATIVE, "t5", "fixed_conv"], {"flex_band_grads": True}),
     # the layer target against FlashAttention-backed SDPA at n 4096: ALiBi in FlexAttention reads its
     # [h, 2n - 1] table per score (1.33x, forward 1.52 ms of kernel against cuDNN's 0.58, 2026-11-27,
     # H100); the FlexAttention paper computes it (0.85-0.9x FlashAttention-2): is the read the cost?

@@ -330,8 +330,6 @@ def test_ab_stage_times_both_arms_in_one_run_and_stores_each_once(tmp_path: Path
     s = tiny(tmp_path, mechanisms=["dynamic_conv", "t5"])
     runs = gpu_check.ab_todo(s)
     assert [(z.max_len, z.batch, z.dropout, mechs, ab) for z, mechs, ab in runs] == [
-        (32, 2, 0.0, ["dynamic_conv"], {"flex_band_grads": True}),
-        (32, 2, 0.0, ["t5"], {"flex_band_grads": True}),
         (32, 2, 0.0, ["t5"], {"flex_tma": True}),
         (32, 2, 0.1, ["dynamic_conv"], {"relative_bias": "gather"}),
         (32, 2, 0.0, ["dynamic_conv"], {"use_flex": False, "relative_bias": "skew"})]
@@ -340,8 +338,8 @@ def test_ab_stage_times_both_arms_in_one_run_and_stores_each_once(tmp_path: Path
     records = [r["result"] for r in store.load(AB_RECIPE, s.results, kind="cell")]
     assert sorted((r["case"], r["dropout"]) for r in records) == sorted([
         ("dynamic_conv", 0.0), ("dynamic_conv", 0.1), ("dynamic_conv [relative_bias=gather]", 0.1),
-        ("dynamic_conv [flex_band_grads=True]", 0.0), ("dynamic_conv [use_flex=False,relative_bias=skew]", 0.0),
-        ("sdpa", 0.0), ("sdpa", 0.1), ("t5", 0.0), ("t5 [flex_band_grads=True]", 0.0), ("t5 [flex_tma=True]", 0.0)])
+        ("dynamic_conv [use_flex=False,relative_bias=skew]", 0.0),
+        ("sdpa", 0.0), ("sdpa", 0.1), ("t5", 0.0), ("t5 [flex_tma=True]", 0.0)])
     for res in records:
         assert res["row"]["train_ratio"] > 0
         if res["dropout"] and res["case"] != "sdpa":  # attention dropout: the dense bias, where skew applies

@@ -52,24 +52,6 @@ def test_flex_tma_equals_reference_on_cuda(name):
         check_fast_against_reference(name, False)
 
 
-@pytest.mark.parametrize("causal", [False, True], ids=["encoder", "decoder"])
-@pytest.mark.parametrize("mechanism", ["dynamic_conv", "key_dynamic_conv", "composite", "fixed_conv",
-                                       {"name": "t5", "max_distance": 16}],
-                         ids=["dynamic_conv", "key_dynamic_conv", "composite", "fixed_conv", "t5"])
-def test_flex_band_gradients_equal_reference_on_cuda(mechanism, causal, monkeypatch):
-    """Windowed terms that learn, their gradients from the band and the far sums
-    (``Policy.flex_band_grads``, the GPU command's A/B arm) instead of FlexAttention's atomic adds:
-    outputs and gradients, with padding, and the band is what gave them."""
-    from posattn.attention import flex_band
-
-    calls = []
-    real = flex_band.band_gradients
-    monkeypatch.setattr(flex_band, "band_gradients", lambda *a, **kw: calls.append(1) or real(*a, **kw))
-    with fast.using(fast.policy_for(torch.device("cuda"), flex_band_grads=True)):
-        check_fast_against_reference(mechanism, causal)
-    assert calls
-
-
 def test_flex_autotune_equals_reference_on_cuda():
     """FlexAttention compiled with max-autotune-no-cudagraphs (``Policy.flex_autotune``, the GPU
     command's A/B arm), a learned table, outputs and gradients."""
