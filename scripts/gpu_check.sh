@@ -15,7 +15,8 @@
 # (default), GPU_CHECK_COMPILE_GROUP (1) and GPU_CHECK_EAGER_GROUP (4) (mechanisms per run),
 # GPU_CHECK_BOXES ("tests=90 layer_eager=35 layer_compiled=35 models=45 profile=30 ab=40 throughput=30";
 # a stage may also use what the stages before it left of their boxes; 0 skips a stage),
-# GPU_CHECK_SHAPES ("4096x16 512x16 ..."), GPU_CHECK_MECHANISMS, GPU_CHECK_RECIPES, GPU_CHECK_TINY=1
+# GPU_CHECK_SHAPES ("4096x16 512x16 ..."), GPU_CHECK_MECHANISMS, GPU_CHECK_RECIPES, GPU_CHECK_RETEST=1
+# (run the CUDA tests although results/gpu_tests.json says they passed on this GPU at these sources), GPU_CHECK_TINY=1
 # (tiny sizes: the whole command on a CPU in a minute or two); see posattn/bench/gpu_check.py.
 set -u
 if [ -z "${OUT:-}" ] || [ ! -d "$OUT" ]; then

@@ -3,7 +3,8 @@
 GPU time comes in short windows, so one command does everything in order of value and keeps
 each result as soon as it exists:
 
-1. ``tests``: the CUDA tests (pytest log);
+1. ``tests``: the CUDA tests (pytest log), skipped where they passed on the same GPU at the same
+   sources and torch (``results/gpu_tests.json``, :func:`sources_key`);
 2. ``layer_eager``: first the layer target's mechanisms at n = 4096 against the baseline it
    names, FlashAttention-backed SDPA (:func:`target_runs`); then the one-block layer of every
    registered mechanism against plain SDPA (:mod:`.run`), every (n, batch) of :data:`SHAPES`,
@@ -156,6 +157,11 @@ AB_RUNS: list[tuple[int, int, int, float, list[str], dict[str, Any]]] = [
 # lengths up to 4096 finished none in 107 s (2026-11-27) and go on from the CPU (20-30 min a cell)
 RECIPES = ["cat_fair_mqar", "cat_fair_ar_length", "cat_fair_mqnar", "cat_fair_landmark"]
 TESTS = ["tests/core/test_cuda.py", "tests/pretrain/test_cuda.py"]
+# per GPU, the sources at which its CUDA tests last passed (a JSON file beside the recipe folders, like
+# the unit ledger): a window whose sources and torch are the same skips the tests stage and gives its box
+# to the next stage (the tests took 75-90 s of each 480 s window on 2026-11-30, H200, at one commit)
+PASSES = "gpu_tests.json"
+SOURCE_SUFFIXES = (".py", ".cpp", ".h", ".json", ".yaml", ".toml")
 THROUGHPUT_RECIPE = "cat_fair_mqar"  # CAT Fig 2
 # (workers, compile mode or None for eager), most telling first: the step is launch-bound, so
 # several workers and CUDA graphs ("reduce-overhead") are the candidates; the baseline comes first
@@ -193,6 +199,7 @@ class Settings:
     work: Path = Path("/tmp/gpu_check")  # compare run folders (not in the repository)
     results: Path = Path("results")
     tests: list[str] = field(default_factory=lambda: list(TESTS))
+    retest: bool = False  # run the CUDA tests although they passed at these sources on this GPU
     throughput_cells: list[str] = field(default_factory=lambda: ["largest", "middle"])
     throughput_settings: list[tuple[int, str | None]] = field(default_factory=lambda: list(THROUGHPUT_SETTINGS))
     throughput_steps: int = 200
@@ -236,6 +243,7 @@ class Settings:
             s.results = Path(get("POSATTN_RESULTS", s.results))
             if "GPU_CHECK_TESTS" in env:
                 s.tests = env["GPU_CHECK_TESTS"].split()
+            s.retest = get("GPU_CHECK_RETEST", "0") not in ("", "0")
         except ValueError as e:
             raise PositionError(f"gpu check: bad setting ({e})") from None
         if s.seconds <= RESERVE or s.workers < 1 or s.repeats < 1 or min(s.compile_group, s.eager_group) < 1:
@@ -255,6 +263,43 @@ def pytest_command(tests: list[str]) -> list[str]:
     spread = ["-n", str(min(TEST_WORKERS, os.cpu_count() or 1))] if importlib.util.find_spec("xdist") else []
     # the project's addopts already say -q: one more would drop the "N passed, M failed" line from pytest.log
     return [sys.executable, "-m", "pytest", *tests, "-p", "no:cacheprovider", *spread]
+
+
+def sources_key(tests: list[str], root: Path | None = None) -> str:
+    """What the CUDA tests test, as one hash: torch's version, the test files named, and every
+    source file (:data:`SOURCE_SUFFIXES`) under ``posattn/`` and ``tests/`` of ``root`` (the
+    repository), by path and content."""
+    import torch
+
+    root = Path(__file__).resolve().parents[2] if root is None else root
+    h = hashlib.sha256(f"torch {torch.__version__}\ntests {' '.join(tests)}\n".encode())
+    for top in ("posattn", "tests"):
+        for path in sorted((root / top).rglob("*")):
+            if path.is_file() and path.suffix in SOURCE_SUFFIXES and "__pycache__" not in path.parts:
+                h.update(f"{path.relative_to(root)}\n".encode())
+                h.update(path.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def passes(root: Path) -> dict[str, dict[str, str]]:
+    """Per GPU (its name), the sources at which its CUDA tests last passed ({} when none)."""
+    from ..experiments.store import read_json
+
+    path = root / PASSES
+    data = read_json(path) if path.exists() else {}
+    if not (isinstance(data, dict) and all(isinstance(v, dict) and "sources" in v for v in data.values())):
+        raise PositionError(f"{path}: not a record of CUDA test passes ({{\"<GPU>\": {{\"sources\": ...}}}})")
+    return data
+
+
+def record_pass(root: Path, hw: str, key: str) -> None:
+    """Keep that the CUDA tests passed on ``hw`` at the sources ``key`` (the entry it had is replaced)."""
+    import datetime
+
+    data = passes(root)
+    data[hw] = {"sources": key, "date": datetime.datetime.now(datetime.timezone.utc).date().isoformat()}
+    root.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(root / PASSES, json.dumps(dict(sorted(data.items())), indent=1) + "\n")
 
 
 # -- the measurements (run in child processes) ---------------------------------------------------
@@ -748,13 +793,33 @@ class Driver:
         return (f"{sum(len(t) for _, t, _ in todo)} setups left, next: n={sizes.max_len} batch={sizes.batch} "
                 f"{', '.join(mechs)}" + (f" {fields_text(policy)}" if policy else ""))
 
+    def tests(self) -> None:
+        """The CUDA tests, unless they passed on this GPU at these sources (:func:`sources_key`):
+        then their box goes to the next stage. A pass is recorded in the store."""
+        from ..experiments.store import hardware
+
+        s = self.s
+        hw, key = hardware(s.device), sources_key(s.tests)
+        before = passes(s.results).get(hw, {})
+        if before.get("sources") == key and not s.retest:
+            self.results.append(StageResult("tests", "skipped: passed before", 0.0,
+                                            f"passed at these sources and torch on {before.get('date')}, "
+                                            f"{hw} (GPU_CHECK_RETEST=1 runs them)"))
+            self.spare += s.boxes.get("tests", 0.0)
+            self.finish()
+            return
+        with (s.out / "pytest.log").open("w") as log:
+            self.stage("tests", pytest_command(s.tests), log)
+        if self.results[-1].status == "done":
+            record_pass(s.results, hw, key)
+            self.finish()
+
     def me(self, *args: str) -> list[str]:
         return [sys.executable, "-m", "posattn.cli", "gpu-check", "--out", str(self.s.out), *args]
 
     def run(self) -> None:
         s = self.s
-        with (s.out / "pytest.log").open("w") as log:
-            self.stage("tests", pytest_command(s.tests), log)
+        self.tests()
         self.stage("layer_eager", self.me("--stage", "layer_eager"), left=lambda: self.layer_left("eager"))
         self.stage("layer_compiled", self.me("--stage", "layer_compiled"),
                    left=lambda: self.layer_left(s.compile_mode))

@@ -410,3 +410,54 @@ def test_models_stage_runs_whole_model_ab_runs_into_their_own_recipe(tmp_path: P
         'models: n=32 batch=2: posattn_encoder, ["posattn_encoder", ["alibi"]] --ab sdpa_backend=cudnn']
     text = report(MODEL_AB_RECIPE, {"bench": "model"}, s.results, None)
     assert "posattn_encoder [split_qkv=True]" in text and "hf_bert" in text
+
+
+def test_the_sources_key_follows_the_sources_and_the_tests_named(tmp_path: Path) -> None:
+    (tmp_path / "posattn" / "__pycache__").mkdir(parents=True)
+    (tmp_path / "tests").mkdir()
+    source = tmp_path / "posattn" / "a.py"
+    source.write_text("x = 1\n")
+    (tmp_path / "tests" / "test_a.py").write_text("def test_a():\n    pass\n")
+    key = gpu_check.sources_key(["tests/test_a.py"], tmp_path)
+    (tmp_path / "tests" / "run.log").write_text("not a source")
+    (tmp_path / "posattn" / "__pycache__" / "a.py").write_text("a cache")
+    assert gpu_check.sources_key(["tests/test_a.py"], tmp_path) == key
+    assert gpu_check.sources_key(["tests/test_b.py"], tmp_path) != key
+    source.write_text("x = 2\n")
+    assert gpu_check.sources_key(["tests/test_a.py"], tmp_path) != key
+
+
+def test_the_cuda_tests_run_again_only_when_the_sources_changed(tmp_path: Path) -> None:
+    """A pass is kept per GPU with its sources' key; the next window at the same sources skips the
+    tests stage and gives its box to the next stage; GPU_CHECK_RETEST runs them again; a failure
+    keeps nothing."""
+    passing, failing = tmp_path / "test_ok.py", tmp_path / "test_bad.py"
+    passing.write_text("def test_ok():\n    assert True\n")
+    failing.write_text("def test_bad():\n    assert False\n")
+    s = tiny(tmp_path, tests=[str(passing)])
+    first = Driver(s)
+    first.tests()
+    assert first.results[-1].status == "done" and first.spare > 0
+    hw = store.hardware("cpu")
+    assert gpu_check.passes(s.results)[hw]["sources"] == gpu_check.sources_key(s.tests)
+    with tarfile.open(tmp_path / gpu_check.ARCHIVE) as tar:
+        assert tar.getnames() == [f"results/{gpu_check.PASSES}"]    # travels back with the records
+
+    again = Driver(s)
+    again.tests()
+    assert again.results[-1].status == "skipped: passed before" and again.spare == s.boxes["tests"]
+    assert "GPU_CHECK_RETEST" in (tmp_path / "summary.txt").read_text()
+    assert Settings.from_env(tmp_path, {"GPU_CHECK_RETEST": "1"}).retest
+    s.retest = True
+    forced = Driver(s)
+    forced.tests()
+    assert forced.results[-1].status == "done"
+
+    kept = gpu_check.passes(s.results)
+    bad = tiny(tmp_path, tests=[str(failing)])
+    failed = Driver(bad)
+    failed.tests()
+    assert failed.results[-1].status == "failed (exit 1)" and gpu_check.passes(s.results) == kept
+    (s.results / gpu_check.PASSES).write_text("[1, 2]")
+    with pytest.raises(PositionError, match="not a record of CUDA test passes"):
+        gpu_check.passes(s.results)
