@@ -24,6 +24,7 @@ from posattn.bench.gpu_check import (
     throughput_left,
     throughput_stage,
 )
+from posattn.bench.models import model_name
 from posattn.bench.store import AB_RECIPE, LAYER_RECIPE, publish_rows, setup
 from posattn.errors import PositionError
 from posattn.experiments import store
@@ -396,6 +397,11 @@ def test_models_stage_runs_whole_model_ab_runs_into_their_own_recipe(tmp_path: P
 
     pytest.importorskip("transformers")
     monkeypatch.setattr(gpu_check, "model_todo", lambda s, hw=None: [])   # the grid: elsewhere
+    # a run whose mechanisms are not all in GPU_CHECK_MECHANISMS is left out (the CAT encoder's)
+    assert [ab for _, ab in gpu_check.model_ab_todo(tiny(tmp_path, mechanisms=["alibi"]))] == [{"split_qkv": True}]
+    monkeypatch.setattr(gpu_check, "MODEL_AB_RUNS", [
+        ([model_name("posattn_encoder"), "hf_bert"], {"split_qkv": True}),
+        ([model_name("posattn_encoder"), model_name("posattn_encoder", ["alibi"])], {"sdpa_backend": "cudnn"})])
     s = tiny(tmp_path, mechanisms=["alibi"])
     assert [ab for _, ab in gpu_check.model_ab_todo(s)] == [{"split_qkv": True}, {"sdpa_backend": "cudnn"}]
     gpu_check.model_stage(s, tmp_path / "models.json")
