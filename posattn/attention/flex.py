@@ -142,7 +142,7 @@ def flex_attend(q: Tensor, k: Tensor, v: Tensor, low: list[LowRank], rest: list[
 
     score_mod = _scorer(big, table, closed, query_prods, key_prods, dense, sided)
 
-    block_mask, mask_mod, batched = None, None, False
+    block_mask = None
     if causal or keep is not None or extra or documents is not None:
         if keep is None:
             keep = torch.ones(1, n, dtype=torch.bool, device=q.device)

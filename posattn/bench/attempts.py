@@ -16,14 +16,13 @@ never read it.
 """
 from __future__ import annotations
 
-import datetime
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
 from ..errors import PositionError
-from ..experiments.store import read_json, results_root
+from ..experiments.store import read_json, results_root, today
 from ..runtime.files import write_json_atomic
 
 LEDGER = "gpu_attempts.json"
@@ -80,8 +79,7 @@ def running(key: str, root: str | Path | None = None) -> Iterator[Attempt]:
     """Enter ``key`` in the ledger (one more try) while the block runs; a block that ends takes it
     out unless it called :meth:`Attempt.fail`, one that raises or is killed leaves it there."""
     data = load(root)
-    today = datetime.datetime.now(datetime.timezone.utc).date().isoformat()
-    data[key] = {"tries": _tries(data, key) + 1, "date": today}
+    data[key] = {"tries": _tries(data, key) + 1, "date": today()}
     _save(data, root)
     attempt = Attempt()
     yield attempt

@@ -54,7 +54,7 @@ from typing import Any
 from ..errors import PositionError
 from ..options import plain
 from ..runtime.compile import COMPILE_MODES
-from ..runtime.files import check_name, write_bytes_atomic, write_text_atomic
+from ..runtime.files import check_name, write_bytes_atomic, write_json_atomic, write_text_atomic
 from . import attempts
 from .cases import Sizes, spec_label
 from .models import model_name
@@ -297,12 +297,12 @@ def passes(root: Path) -> dict[str, dict[str, str]]:
 
 def record_pass(root: Path, hw: str, key: str) -> None:
     """Keep that the CUDA tests passed on ``hw`` at the sources ``key`` (the entry it had is replaced)."""
-    import datetime
+    from ..experiments.store import today
 
     data = passes(root)
-    data[hw] = {"sources": key, "date": datetime.datetime.now(datetime.timezone.utc).date().isoformat()}
+    data[hw] = {"sources": key, "date": today()}
     root.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(root / PASSES, json.dumps(dict(sorted(data.items())), indent=1) + "\n")
+    write_json_atomic(root / PASSES, dict(sorted(data.items())))
 
 
 # -- the measurements (run in child processes) ---------------------------------------------------

@@ -65,11 +65,16 @@ def hardware(device: Any = None) -> str:
     return f"{model}, {os.cpu_count()} cores"
 
 
+def today() -> str:
+    """Today's date (UTC), as the store's records and ledgers write it."""
+    return datetime.datetime.now(datetime.timezone.utc).date().isoformat()
+
+
 def provenance(command: str, device: Any = None, date: str | None = None) -> dict[str, str]:
     """Where a number comes from: the date (UTC), the hardware and the command that made it."""
     from posattn import __version__
 
-    return {"date": date or datetime.datetime.now(datetime.timezone.utc).date().isoformat(),
+    return {"date": date or today(),
             "hardware": hardware(device), "command": command, "posattn": __version__}
 
 
