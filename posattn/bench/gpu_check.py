@@ -52,6 +52,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import PositionError
+from ..experiments.store import hardware, provenance, read_json, today
 from ..options import plain
 from ..runtime.compile import COMPILE_MODES
 from ..runtime.files import check_name, write_bytes_atomic, write_json_atomic, write_text_atomic
@@ -286,8 +287,6 @@ def sources_key(tests: list[str], root: Path | None = None) -> str:
 
 def passes(root: Path) -> dict[str, dict[str, str]]:
     """Per GPU (its name), the sources at which its CUDA tests last passed ({} when none)."""
-    from ..experiments.store import read_json
-
     path = root / PASSES
     data = read_json(path) if path.exists() else {}
     if not (isinstance(data, dict) and all(isinstance(v, dict) and "sources" in v for v in data.values())):
@@ -297,8 +296,6 @@ def passes(root: Path) -> dict[str, dict[str, str]]:
 
 def record_pass(root: Path, hw: str, key: str) -> None:
     """Keep that the CUDA tests passed on ``hw`` at the sources ``key`` (the entry it had is replaced)."""
-    from ..experiments.store import today
-
     data = passes(root)
     data[hw] = {"sources": key, "date": today()}
     root.mkdir(parents=True, exist_ok=True)
@@ -348,7 +345,6 @@ def layer_todo(s: Settings, mode: str, hw: str | None = None) -> list[tuple[Size
     mechanisms whose record is missing, the run's Policy overrides): eager first the
     :func:`target_runs`, then the grid in the order of :func:`layer_plan`."""
     from .. import mechanisms as registry
-    from ..experiments.store import hardware
     from .store import LAYER_RECIPE, missing, setup
 
     names = s.mechanisms or registry.names()
@@ -384,7 +380,6 @@ def layer_stage(s: Settings, mode: str, rows_out: Path) -> None:
     """Measure every layer setup of ``mode`` ("eager" or a compile mode) not yet in the store."""
     import torch
 
-    from ..experiments.store import provenance
     from .run import BenchOptions, run
     from .store import LAYER_RECIPE, publish_rows
 
@@ -438,7 +433,6 @@ def model_sizes(s: Settings) -> Sizes:
 def model_todo(s: Settings, hw: str | None = None) -> list[list[str]]:
     """The model runs whose records are not all in the store yet (on ``hw``, by default this
     machine's accelerator)."""
-    from ..experiments.store import hardware
     from .cases import CaseSpec
     from .models import DEFAULT_MECHANISMS
     from .store import MODEL_RECIPE, missing, setup
@@ -455,7 +449,6 @@ def model_todo(s: Settings, hw: str | None = None) -> list[list[str]]:
 def model_ab_todo(s: Settings, hw: str | None = None) -> list[tuple[list[str], dict[str, Any]]]:
     """The runs of :data:`MODEL_AB_RUNS` with a setup (either arm) not in ``gpu_model_ab`` yet
     (only those whose mechanisms are all in ``GPU_CHECK_MECHANISMS`` when that is set)."""
-    from ..experiments.store import hardware
     from .cases import CaseSpec
     from .models import HF_MODELS
     from .store import MODEL_AB_RECIPE, missing, setup
@@ -480,7 +473,6 @@ def model_stage(s: Settings, rows_out: Path) -> None:
     A/B runs (:data:`MODEL_AB_RUNS`, both arms in the same interleaved rounds)."""
     import torch
 
-    from ..experiments.store import provenance
     from .cases import CaseSpec
     from .models import model_rows
     from .run import BenchOptions, run
@@ -533,7 +525,6 @@ def throughput_stage(s: Settings, rows_out: Path) -> None:
 
 def throughput_left(s: Settings) -> str:
     """The settings of the throughput stage's cells that have no record yet."""
-    from ..experiments.store import hardware
     from ..synthetic.compare import load_config, validate_config
     from .throughput import Setting, missing, pick_cells
 
@@ -557,7 +548,6 @@ def profile_todo(s: Settings) -> list[tuple[str, Sizes, list[str]]]:
     model runs (:data:`PROFILE_MODELS`), and so on. Only registered mechanisms, or those
     of ``GPU_CHECK_MECHANISMS`` when set."""
     from .. import mechanisms as registry
-    from ..experiments.store import hardware
     from .cases import CaseSpec
     from .store import PROFILE_RECIPE, missing, setup
 
@@ -590,7 +580,6 @@ def profile_stage(s: Settings) -> None:
     run's rows stored in ``gpu_profile`` when it ends."""
     import torch
 
-    from ..experiments.store import provenance
     from .run import BenchOptions, run
     from .store import PROFILE_RECIPE, publish_recipe, publish_rows
 
@@ -626,7 +615,6 @@ def profile_stage(s: Settings) -> None:
 def ab_todo(s: Settings) -> list[tuple[Sizes, list[str], dict[str, Any]]]:
     """The runs of :data:`AB_RUNS`, one per mechanism, whose setups (both arms) are not all in the
     store: (sizes, [mechanism], overrides); tiny: n 32, batch 2 and the tiny heads."""
-    from ..experiments.store import hardware
     from .cases import CaseSpec
     from .store import AB_RECIPE, missing, setup
 
@@ -652,7 +640,6 @@ def ab_stage(s: Settings, rows_out: Path) -> None:
     ``gpu_layer_ab`` (both arms of a run together)."""
     import torch
 
-    from ..experiments.store import provenance
     from .run import BenchOptions, run
     from .store import AB_RECIPE, publish_rows
 
@@ -799,8 +786,6 @@ class Driver:
     def tests(self) -> None:
         """The CUDA tests, unless they passed on this GPU at these sources (:func:`sources_key`):
         then their box goes to the next stage. A pass is recorded in the store."""
-        from ..experiments.store import hardware
-
         s = self.s
         hw, key = hardware(s.device), sources_key(s.tests)
         before = passes(s.results).get(hw, {})
