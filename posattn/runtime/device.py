@@ -1,8 +1,10 @@
-"""Where and in what precision a run computes: the device ("auto" picks CUDA when present) and
-the autocast context of a precision (bf16 / fp16 / fp32; fp16 also needs loss scaling)."""
+"""Where and in what precision a run computes: the device ("auto" picks CUDA when present), the
+autocast context of a precision (bf16 / fp16 / fp32; fp16 also needs loss scaling), and the CPU's
+handling of subnormal floats while a run trains or evaluates."""
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator
 
 import torch
 
@@ -28,3 +30,36 @@ def autocast(precision: str, device: torch.device) -> tuple[contextlib.AbstractC
         raise PositionError("precision fp16 needs a CUDA device; use bf16 or fp32 on the CPU")
     dtype = torch.bfloat16 if precision == "bf16" else torch.float16
     return torch.autocast(device.type, dtype=dtype), precision == "fp16"
+
+
+def _flushing() -> bool:
+    """Whether this thread flushes subnormal floats to zero now (torch has a setter and no getter):
+    with denormals-are-zero set, a subnormal times one is zero."""
+    return bool((torch.tensor([1e-39]) * 1.0).item() == 0.0)
+
+
+@contextlib.contextmanager
+def subnormals_flushed(device: torch.device | str) -> Iterator[None]:
+    """On a CPU ``device``, flush subnormal floats (magnitude below 1.2e-38 in fp32) to zero while the
+    block runs (:func:`torch.set_flush_denormal`: flush-to-zero and denormals-are-zero on x86 with
+    SSE3), and restore the thread's earlier mode after it; elsewhere, do nothing.
+
+    A score row that has grown sharp in training puts its small probabilities (exp(s - max) for
+    s - max between -87 and -104) and their gradients in the subnormal range, where an x86 core
+    computes through a slow microcode assist. Measured: one t5 (2L) model trained 4,800 steps at
+    lr 0.0022 (d 128, n 128, batch 64, one thread) takes 1.6 s per training step unflushed and
+    0.19 s flushed, as fast as the untrained model. A flushed value counts as the zero it rounds
+    to next to its row's largest probability; numbers of normal size are computed as before.
+
+    The mode belongs to the thread that sets it: with ``torch.set_num_threads(1)`` (how sweeps run
+    their workers) it covers all the work; with more intra-op threads, only the calling thread's
+    share of each parallel operation is flushed."""
+    if torch.device(device).type != "cpu":
+        yield
+        return
+    before = _flushing()
+    torch.set_flush_denormal(True)
+    try:
+        yield
+    finally:
+        torch.set_flush_denormal(before)

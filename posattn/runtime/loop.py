@@ -19,6 +19,9 @@ learning rate per step, cadences, stopping rules). The loop owns everything else
   (:func:`~posattn.runtime.checkpoint.check_config`);
 - **metrics**: training rows (mean loss, learning rate, tokens/s) every ``log_every`` steps and
   evaluation rows through :class:`~posattn.runtime.metrics.MetricsLog`; a progress bar;
+- **subnormal floats** flushed to zero on the CPU while it runs
+  (:func:`~posattn.runtime.device.subnormals_flushed`: sharp attention otherwise slows a step
+  several times over);
 - **several processes** (``torchrun``, :class:`~posattn.runtime.world.World`): rank 0 evaluates,
   logs and writes; every rank's dropout stream is checkpointed.
 """
@@ -40,6 +43,7 @@ from tqdm.auto import tqdm
 from posattn.errors import PositionError
 from posattn.heap import RELEASE_EVERY, release_freed_memory
 from posattn.runtime.checkpoint import CHECKPOINT, check_config, load_checkpoint, save_checkpoint
+from posattn.runtime.device import subnormals_flushed
 from posattn.runtime.lock import run_lock
 from posattn.runtime.metrics import MetricsLog
 from posattn.runtime.world import World
@@ -120,9 +124,10 @@ def run_loop(model: nn.Module, optimizer: torch.optim.Optimizer, plan: Plan, ste
     """
     world = world or World()
     if folder is None:
-        return _run(model, optimizer, plan, step_fn, evaluate, device, None, config, ignore, world, log, progress,
-                    on_checkpoint, on_step)
-    with run_lock(folder) if world.main else contextlib.nullcontext():
+        with subnormals_flushed(device):
+            return _run(model, optimizer, plan, step_fn, evaluate, device, None, config, ignore, world, log,
+                        progress, on_checkpoint, on_step)
+    with run_lock(folder) if world.main else contextlib.nullcontext(), subnormals_flushed(device):
         return _run(model, optimizer, plan, step_fn, evaluate, device, Path(folder) / CHECKPOINT, config, ignore,
                     world, log, progress, on_checkpoint, on_step)
 

@@ -12,6 +12,7 @@ from torch import nn
 
 from posattn.errors import PositionError
 from posattn.runtime.checkpoint import load_checkpoint
+from posattn.runtime.device import subnormals_flushed
 from posattn.runtime.loop import Diverged, Plan, run_loop
 from posattn.runtime.metrics import MetricsLog
 
@@ -135,3 +136,51 @@ def test_metrics_mirror_to_tensorboard(tmp_path):
     assert [e.step for e in events.Scalars("tokens_per_s")] == [1, 2, 3, 4]
     with pytest.raises(PositionError, match="unknown destination wandb; choose from tensorboard"):
         MetricsLog(tmp_path, ["wandb"])
+
+
+SUBNORMAL = 1e-39  # below float32's smallest normal number, 1.18e-38
+
+
+def times_one(value: float) -> float:
+    """``value`` stored in float32 and multiplied by one in this thread's floating-point mode."""
+    return (torch.tensor([value]) * 1.0).item()
+
+
+@pytest.mark.parametrize("earlier", [False, True])
+def test_subnormals_flush_to_zero_while_the_loop_trains_then_the_mode_is_restored(earlier):
+    model, optimizer, step_fn, evaluate = problem()
+    seen = []
+
+    def step(step, backward):
+        seen.append(times_one(SUBNORMAL))
+        return step_fn(step, backward)
+
+    torch.set_flush_denormal(earlier)
+    try:
+        run_loop(model, optimizer, Plan(steps=3, lr=lambda s: 0.1, eval_every=3), step, evaluate, device=CPU,
+                 progress=False)
+        after = times_one(SUBNORMAL)
+    finally:
+        torch.set_flush_denormal(False)
+    assert seen == [0.0, 0.0, 0.0]
+    assert (after == 0.0) == earlier and times_one(SUBNORMAL) == pytest.approx(SUBNORMAL, rel=1e-3)
+
+
+def test_subnormals_are_restored_when_the_loop_raises():
+    model, optimizer, step_fn, evaluate = problem()
+
+    def nan_step(step, backward):
+        assert times_one(SUBNORMAL) == 0.0
+        loss = model(torch.ones(2, 3)).sum() * math.nan
+        backward(loss)
+        return loss.item(), {}
+
+    with pytest.raises(Diverged):
+        run_loop(model, optimizer, Plan(steps=3, lr=lambda s: 0.1, eval_every=1), nan_step, evaluate, device=CPU,
+                 progress=False)
+    assert times_one(SUBNORMAL) == pytest.approx(SUBNORMAL, rel=1e-3)
+
+
+def test_subnormals_are_left_alone_off_the_cpu():
+    with subnormals_flushed(torch.device("meta")):
+        assert times_one(SUBNORMAL) == pytest.approx(SUBNORMAL, rel=1e-3)

@@ -160,3 +160,25 @@ def test_a_locked_cell_folder_is_refused_before_anything_is_written(tmp_path: Pa
         with pytest.raises(PositionError, match=f"{sweep.cells[0].id} is in use by another run \\(process {pid}\\)"):
             run_cell(sweep.cells[0], [L], tmp_path, progress=False)
         assert sorted(p.name for p in folder.iterdir()) == [".lock"]
+
+
+def test_a_compare_cell_evaluates_with_subnormals_flushed_on_the_cpu(tmp_path: Path, monkeypatch) -> None:
+    """The test lengths are scored after the loop has ended, in the same flushed mode as training
+    (posattn.runtime.device.subnormals_flushed), and the caller's mode is back afterwards."""
+    import posattn.synthetic.compare as compare
+
+    modes = []
+
+    def scored(model, test, batch_size):
+        modes.append((torch.tensor([1e-39]) * 1.0).item())
+        return 0.5
+
+    monkeypatch.setattr(compare, "evaluate", scored)
+    sweep = compare.validate_config({"task": "mqar", "task_params": {"num_kv_pairs": 2}, "vocab_size": V,
+                                     "train_length": L, "test_lengths": [L], "d_model": 16,
+                                     "examples": {"train": 40, "valid": 8, "test": 8},
+                                     "models": [{"mechanisms": ["rope"], "layers": 1}],
+                                     "training": {"steps": 2, "batch_size": 4}})
+    result = compare.run_cell(sweep.cells[0], [L], tmp_path, device="cpu", progress=False)
+    assert modes == [0.0] and result["accuracy"] == {str(L): 0.5}
+    assert (torch.tensor([1e-39]) * 1.0).item() > 0.0
