@@ -123,13 +123,11 @@ def run_loop(model: nn.Module, optimizer: torch.optim.Optimizer, plan: Plan, ste
     resumed run says on stderr from which step.
     """
     world = world or World()
-    if folder is None:
-        with subnormals_flushed(device):
-            return _run(model, optimizer, plan, step_fn, evaluate, device, None, config, ignore, world, log,
-                        progress, on_checkpoint, on_step)
-    with run_lock(folder) if world.main else contextlib.nullcontext(), subnormals_flushed(device):
-        return _run(model, optimizer, plan, step_fn, evaluate, device, Path(folder) / CHECKPOINT, config, ignore,
-                    world, log, progress, on_checkpoint, on_step)
+    path = None if folder is None else Path(folder) / CHECKPOINT
+    locked = run_lock(folder) if folder is not None and world.main else contextlib.nullcontext()
+    with locked, subnormals_flushed(device):
+        return _run(model, optimizer, plan, step_fn, evaluate, device, path, config, ignore, world, log, progress,
+                    on_checkpoint, on_step)
 
 
 def _run(model: nn.Module, optimizer: torch.optim.Optimizer, plan: Plan, step_fn: StepFn, evaluate: EvalFn | None,

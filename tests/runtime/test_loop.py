@@ -15,6 +15,7 @@ from posattn.runtime.checkpoint import load_checkpoint
 from posattn.runtime.device import subnormals_flushed
 from posattn.runtime.loop import Diverged, Plan, run_loop
 from posattn.runtime.metrics import MetricsLog
+from runtime.floats import SUBNORMAL, times_one
 
 CPU = torch.device("cpu")
 
@@ -136,14 +137,6 @@ def test_metrics_mirror_to_tensorboard(tmp_path):
     assert [e.step for e in events.Scalars("tokens_per_s")] == [1, 2, 3, 4]
     with pytest.raises(PositionError, match="unknown destination wandb; choose from tensorboard"):
         MetricsLog(tmp_path, ["wandb"])
-
-
-SUBNORMAL = 1e-39  # below float32's smallest normal number, 1.18e-38
-
-
-def times_one(value: float) -> float:
-    """``value`` stored in float32 and multiplied by one in this thread's floating-point mode."""
-    return (torch.tensor([value]) * 1.0).item()
 
 
 @pytest.mark.parametrize("earlier", [False, True])

@@ -165,12 +165,14 @@ def test_a_locked_cell_folder_is_refused_before_anything_is_written(tmp_path: Pa
 def test_a_compare_cell_evaluates_with_subnormals_flushed_on_the_cpu(tmp_path: Path, monkeypatch) -> None:
     """The test lengths are scored after the loop has ended, in the same flushed mode as training
     (posattn.runtime.device.subnormals_flushed), and the caller's mode is back afterwards."""
+    from runtime.floats import SUBNORMAL, times_one
+
     import posattn.synthetic.compare as compare
 
     modes = []
 
     def scored(model, test, batch_size):
-        modes.append((torch.tensor([1e-39]) * 1.0).item())
+        modes.append(times_one(SUBNORMAL))
         return 0.5
 
     monkeypatch.setattr(compare, "evaluate", scored)
@@ -181,4 +183,4 @@ def test_a_compare_cell_evaluates_with_subnormals_flushed_on_the_cpu(tmp_path: P
                                      "training": {"steps": 2, "batch_size": 4}})
     result = compare.run_cell(sweep.cells[0], [L], tmp_path, device="cpu", progress=False)
     assert modes == [0.0] and result["accuracy"] == {str(L): 0.5}
-    assert (torch.tensor([1e-39]) * 1.0).item() > 0.0
+    assert times_one(SUBNORMAL) == pytest.approx(SUBNORMAL, rel=1e-3)
