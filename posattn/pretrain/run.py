@@ -38,7 +38,7 @@ from ..runtime.checkpoint import (
     load_checkpoint,
 )
 from ..runtime.compile import check_mode, compiled
-from ..runtime.device import autocast
+from ..runtime.device import autocast, subnormals_flushed
 from ..runtime.files import write_json_atomic
 from ..runtime.folders import replace_folder
 from ..runtime.lock import run_lock
@@ -81,15 +81,17 @@ def build_model(cfg: PretrainConfig, corpus: Corpus) -> Transformer:
 @torch.no_grad()
 def evaluate(model: Transformer, batches: list[Batch], device: torch.device,
              amp: contextlib.AbstractContextManager | None = None) -> dict[str, float]:
-    """Held-out loss per scored token, accuracy, and perplexity (causal LM) over fixed batches."""
+    """Held-out loss per scored token, accuracy, and perplexity (causal LM) over fixed batches (on
+    the CPU with subnormals flushed, as in training: :func:`~posattn.runtime.device.subnormals_flushed`)."""
     objective = objective_for(model)
     was = model.training
     model.eval()
     loss = correct = count = 0.0
-    for batch in batches:
-        with amp or contextlib.nullcontext():
-            s, c = objective(batch.to(device))
-        loss, correct, count = loss + float(s), correct + float(c), count + batch.targets
+    with subnormals_flushed(device):
+        for batch in batches:
+            with amp or contextlib.nullcontext():
+                s, c = objective(batch.to(device))
+            loss, correct, count = loss + float(s), correct + float(c), count + batch.targets
     model.train(was)
     out = {"valid_loss": loss / count, "valid_accuracy": correct / count}
     if not isinstance(model, MODEL_KINDS["encoder"]):

@@ -21,7 +21,7 @@ learning rate per step, cadences, stopping rules). The loop owns everything else
   evaluation rows through :class:`~posattn.runtime.metrics.MetricsLog`; a progress bar;
 - **subnormal floats** flushed to zero on the CPU while it runs
   (:func:`~posattn.runtime.device.subnormals_flushed`: sharp attention otherwise slows a step
-  several times over);
+  several times over; the evaluation functions flush their own forward passes, in or out of the loop);
 - **several processes** (``torchrun``, :class:`~posattn.runtime.world.World`): rank 0 evaluates,
   logs and writes; every rank's dropout stream is checkpointed.
 """

@@ -27,7 +27,6 @@ from posattn.experiments.executors import Executor
 from posattn.experiments.store import content_id
 from posattn.models import build_model, load, save
 from posattn.runtime.checkpoint import CHECKPOINT
-from posattn.runtime.device import subnormals_flushed
 from posattn.runtime.files import write_json_atomic
 from posattn.runtime.lock import run_lock
 from posattn.synthetic.generators import drop_overlap, generate
@@ -157,7 +156,7 @@ def run_cell(cell: Cell, test_lengths: list[int], out: Path, device: str = "auto
     """Train (or resume) one cell, evaluate the test lengths it lacks, and return its result record.
     ``compile``: a :mod:`posattn.runtime.compile` mode for the training steps (not part of the cell).
     The cell's folder is locked meanwhile (:func:`~posattn.runtime.lock.run_lock`)."""
-    with run_lock(_cell_folder(cell, out)), subnormals_flushed(resolve_device(device)):
+    with run_lock(_cell_folder(cell, out)):
         return _run_cell(cell, test_lengths, out, device, progress, compile)
 
 

@@ -158,3 +158,15 @@ def test_compiled_step_trains_the_eager_weights():
     assert b["history"][-1]["loss"] == pytest.approx(a["history"][-1]["loss"], rel=1e-5)
     for (key, p), q in zip(eager.state_dict().items(), fast.state_dict().values()):
         torch.testing.assert_close(q, p, rtol=1e-4, atol=1e-6, msg=key)
+
+
+def test_predictions_are_computed_with_subnormals_flushed_on_the_cpu():
+    """Scoring outside the loop (a run's test sets, GLUE's table) runs flushed as training does
+    (posattn.runtime.device.subnormals_flushed), and the caller's mode is back afterwards."""
+    from runtime.floats import SUBNORMAL, modes_seen, times_one
+
+    model = build_model_none()
+    with modes_seen(model.tokens) as seen:
+        score(model, TASK, toy(16), 8)
+    assert seen == [0.0, 0.0]                      # two batches of eight
+    assert times_one(SUBNORMAL) == pytest.approx(SUBNORMAL, rel=1e-3)

@@ -108,3 +108,16 @@ def test_vocabulary_mismatch_is_refused(runs, tmp_path):
     with pytest.raises(PositionError, match="needs --corpus"):
         subject(runs / "rope" / "model")
     write_report([], tmp_path / "empty")
+
+
+def test_held_out_loss_is_computed_with_subnormals_flushed_on_the_cpu(runs):
+    """eval-lm scores outside any training loop, flushed as training is
+    (posattn.runtime.device.subnormals_flushed); the caller's mode is back afterwards."""
+    from runtime.floats import SUBNORMAL, modes_seen, times_one
+
+    s = subject(runs / "rope")
+    model = lm_eval._model(s.config, s.folder, torch.device("cpu"))
+    with modes_seen(model.tokens) as seen:
+        lm_eval.score(model, s.corpus, 32, 128, torch.device("cpu"))
+    assert len(seen) == 4 and set(seen) == {0.0}          # 128 tokens in 4 windows of 32
+    assert times_one(SUBNORMAL) == pytest.approx(SUBNORMAL, rel=1e-3)
