@@ -36,7 +36,7 @@ from ..models.io import CONFIG, WEIGHTS, check_weights, read_config, unreadable_
 from ..models.transformer import Encoder
 from ..runtime.checkpoint import CHECKPOINT
 from ..runtime.compile import compiled
-from ..runtime.device import resolve_device, subnormals_flushed
+from ..runtime.device import inference, resolve_device
 from ..runtime.files import write_json_atomic
 from ..runtime.lock import run_lock
 from ..runtime.loop import LoopState, Plan, run_loop
@@ -149,20 +149,16 @@ def loss_fn(task: Task, out: torch.Tensor, labels: torch.Tensor) -> torch.Tensor
     return nn.functional.cross_entropy(out.float(), labels)
 
 
-@torch.no_grad()
 def predict(model: Encoder, task: Task, data: Encoded, batch_size: int, sort: bool = True) -> np.ndarray:
     """Predictions (class ids, or scores for regression) of every example, batches sorted by length
-    (on the CPU with subnormals flushed, as in training: :func:`~posattn.runtime.device.subnormals_flushed`)."""
+    (:func:`~posattn.runtime.device.inference`: eval mode, no autograd, subnormals flushed on the CPU)."""
     device = next(model.parameters()).device
-    was_training = model.training
-    model.eval()
     out = np.zeros(len(data), dtype=np.float64 if task.regression else np.int64)
-    with subnormals_flushed(device):
+    with inference(model, device):
         for index in eval_batches(data.lengths(), batch_size, sort):
             ids, seg, mask, _ = data.batch(index, device)
             logits = model.classify(ids, seg, mask)
             out[index] = (logits[:, 0] if task.regression else logits.argmax(-1)).cpu().numpy()
-    model.train(was_training)
     return out
 
 

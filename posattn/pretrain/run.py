@@ -38,7 +38,7 @@ from ..runtime.checkpoint import (
     load_checkpoint,
 )
 from ..runtime.compile import check_mode, compiled
-from ..runtime.device import autocast, subnormals_flushed
+from ..runtime.device import autocast, inference
 from ..runtime.files import write_json_atomic
 from ..runtime.folders import replace_folder
 from ..runtime.lock import run_lock
@@ -78,21 +78,17 @@ def build_model(cfg: PretrainConfig, corpus: Corpus) -> Transformer:
     return MODEL_KINDS[cfg.kind](cfg.model_config(corpus.vocab_size))
 
 
-@torch.no_grad()
 def evaluate(model: Transformer, batches: list[Batch], device: torch.device,
              amp: contextlib.AbstractContextManager | None = None) -> dict[str, float]:
-    """Held-out loss per scored token, accuracy, and perplexity (causal LM) over fixed batches (on
-    the CPU with subnormals flushed, as in training: :func:`~posattn.runtime.device.subnormals_flushed`)."""
+    """Held-out loss per scored token, accuracy, and perplexity (causal LM) over fixed batches
+    (:func:`~posattn.runtime.device.inference`: eval mode, no autograd, subnormals flushed on the CPU)."""
     objective = objective_for(model)
-    was = model.training
-    model.eval()
     loss = correct = count = 0.0
-    with subnormals_flushed(device):
+    with inference(model, device):
         for batch in batches:
             with amp or contextlib.nullcontext():
                 s, c = objective(batch.to(device))
             loss, correct, count = loss + float(s), correct + float(c), count + batch.targets
-    model.train(was)
     out = {"valid_loss": loss / count, "valid_accuracy": correct / count}
     if not isinstance(model, MODEL_KINDS["encoder"]):
         out["valid_perplexity"] = math.exp(min(out["valid_loss"], 50.0))

@@ -63,3 +63,17 @@ def subnormals_flushed(device: torch.device | str) -> Iterator[None]:
         yield
     finally:
         torch.set_flush_denormal(before)
+
+
+@contextlib.contextmanager
+def inference(model: torch.nn.Module, device: torch.device | str) -> Iterator[None]:
+    """How every evaluation computes with ``model``: in eval mode (no dropout), without autograd,
+    and on a CPU with subnormals flushed (:func:`subnormals_flushed`, as in training); the model's
+    training mode is back afterwards, also when the block raises."""
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad(), subnormals_flushed(device):
+            yield
+    finally:
+        model.train(was_training)

@@ -17,7 +17,7 @@ from torch import nn
 from posattn import schedule
 from posattn.models.transformer import scored_rows
 from posattn.runtime.compile import compiled
-from posattn.runtime.device import resolve_device, subnormals_flushed
+from posattn.runtime.device import inference, resolve_device
 from posattn.runtime.loop import LoopState, Plan, run_loop
 from posattn.runtime.optim import adamw
 from posattn.runtime.order import batch_indices
@@ -88,16 +88,13 @@ def scored_bound(data: TaskData) -> int:
     return int((data.labels != IGNORE).sum(1).max()) if len(data) else 0
 
 
-@torch.no_grad()
 def evaluate(model: nn.Module, data: TaskData, batch_size: int = 256,
              device: str | torch.device | None = None) -> float:
-    """Accuracy of the argmax prediction over the scored positions of ``data`` (on the CPU with
-    subnormals flushed, as in training: :func:`~posattn.runtime.device.subnormals_flushed`)."""
+    """Accuracy of the argmax prediction over the scored positions of ``data``
+    (:func:`~posattn.runtime.device.inference`: eval mode, no autograd, subnormals flushed on the CPU)."""
     device = device or next(model.parameters()).device
-    was_training = model.training
-    model.eval()
     correct = total = 0
-    with subnormals_flushed(device):
+    with inference(model, device):
         for start in range(0, len(data), batch_size):
             inputs = data.inputs[start:start + batch_size].to(device)
             labels = data.labels[start:start + batch_size].to(device)
@@ -105,7 +102,6 @@ def evaluate(model: nn.Module, data: TaskData, batch_size: int = 256,
             predictions = model(inputs, scored=keep).argmax(-1)
             correct += int((predictions == labels[keep]).sum())
             total += int(keep.sum())
-    model.train(was_training)
     return correct / max(1, total)
 
 

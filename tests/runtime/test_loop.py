@@ -12,7 +12,7 @@ from torch import nn
 
 from posattn.errors import PositionError
 from posattn.runtime.checkpoint import load_checkpoint
-from posattn.runtime.device import subnormals_flushed
+from posattn.runtime.device import inference, subnormals_flushed
 from posattn.runtime.loop import Diverged, Plan, run_loop
 from posattn.runtime.metrics import MetricsLog
 from runtime.floats import SUBNORMAL, times_one
@@ -177,3 +177,19 @@ def test_subnormals_are_restored_when_the_loop_raises():
 def test_subnormals_are_left_alone_off_the_cpu():
     with subnormals_flushed(torch.device("meta")):
         assert times_one(SUBNORMAL) == pytest.approx(SUBNORMAL, rel=1e-3)
+
+
+def test_inference_scores_in_eval_mode_without_grad_flushed_then_restores_the_model():
+    """Every evaluation computes through ``inference``; the model trains again afterwards, also
+    when scoring raises, and the caller's grad and float modes are back."""
+    model = nn.Sequential(nn.Linear(3, 3), nn.Dropout(0.5)).train()
+    with pytest.raises(RuntimeError, match="scoring failed"):
+        with inference(model, CPU):
+            assert not model.training and not model[1].training
+            assert not torch.is_grad_enabled() and times_one(SUBNORMAL) == 0.0
+            raise RuntimeError("scoring failed")
+    assert model.training and model[1].training and torch.is_grad_enabled()
+    assert times_one(SUBNORMAL) == pytest.approx(SUBNORMAL, rel=1e-3)
+    with inference(model.eval(), CPU):
+        pass
+    assert not model.training                      # a model scored in eval mode stays there
