@@ -752,9 +752,11 @@ class Driver:
             rc = None
         return rc, time.monotonic() - t0
 
-    def stage(self, name: str, argv: list[str], log: Any = None, left: Callable[[], str] | None = None) -> None:
+    def stage(self, name: str, argv: list[str], log: Any = None, left: Callable[[], str] | None = None,
+              done: Callable[[], None] | None = None) -> None:
         """Run one stage within its box and the time earlier stages left of theirs (a stage without
-        a box of its own gets none); ``left`` says what it left undone (for the summary)."""
+        a box of its own gets none); ``left`` says what it left undone (for the summary), ``done``
+        runs when the stage finished before its box, so that what it records is in this pack."""
         own = self.s.boxes.get(name, 0.0)
         box = min(own + self.spare, self.left())
         if own <= 0:
@@ -768,6 +770,8 @@ class Driver:
             status = "done" if rc == 0 else "stopped at its time box" if rc is None else f"failed (exit {rc})"
             self.results.append(StageResult(name, status, seconds))
             self.spare = 0.0 if rc is None else max(0.0, box - seconds)
+        if done and self.results[-1].status == "done":
+            done()
         notes = [left()] if left else []
         stuck = [key for key in attempts.load(self.s.results) if key.startswith(f"{name}: ")]
         if stuck:
@@ -797,10 +801,7 @@ class Driver:
             self.finish()
             return
         with (s.out / "pytest.log").open("w") as log:
-            self.stage("tests", pytest_command(s.tests), log)
-        if self.results[-1].status == "done":
-            record_pass(s.results, hw, key)
-            self.finish()
+            self.stage("tests", pytest_command(s.tests), log, done=lambda: record_pass(s.results, hw, key))
 
     def me(self, *args: str) -> list[str]:
         return [sys.executable, "-m", "posattn.cli", "gpu-check", "--out", str(self.s.out), *args]
