@@ -15,6 +15,7 @@ present.
 from __future__ import annotations
 
 import copy
+import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -150,13 +151,32 @@ def _lengths(got: Gathered, out: Path | None) -> str:
     return lengths_text(rows, labels, [got.made_by] * (got.made_by is not None) + commands)
 
 
+ONE_CELL = "CELL_ID"
+
+
+def one_cell_command(command: str) -> str:
+    """``command`` with the cells its ``--only`` picked (ids or model labels) replaced by
+    :data:`ONE_CELL`: the command that retrains any one of them, so that the runs that differ only
+    in the cells they were given count as one way of training."""
+    try:
+        words = shlex.split(command)
+    except ValueError:   # not a shell line (a record written by hand): shown as it is
+        return command
+    if "--only" not in words:
+        return command
+    at = words.index("--only") + 1
+    end = next((i for i in range(at, len(words)) if words[i].startswith("--")), len(words))
+    return shlex.join([*words[:at], ONE_CELL, *words[end:]])
+
+
 def cells_provenance(got: Gathered) -> list[str]:
-    """Where the cells come from: how many each (hardware, command) trained, and when; cells of
-    local run folders, not in the store, are counted apart."""
+    """Where the cells come from: how many each (hardware, command) trained, and when, the cells
+    a run was given (``--only``) folded to one (:func:`one_cell_command`); cells of local run
+    folders, not in the store, are counted apart."""
     groups: dict[tuple[str, str], list[str]] = {}
     for cell_id in got.cells:
         prov = got.provenance.get(cell_id)
-        key = (prov["hardware"], prov["command"]) if prov else ("", "")
+        key = (prov["hardware"], one_cell_command(prov["command"])) if prov else ("", "")
         groups.setdefault(key, []).append(prov["date"] if prov else "")
     rows = []
     for (hardware, command), dates in sorted(groups.items(), key=lambda item: (-len(item[1]), item[0])):
@@ -165,8 +185,11 @@ def cells_provenance(got: Gathered) -> list[str]:
             continue
         span = min(dates) if min(dates) == max(dates) else f"{min(dates)} to {max(dates)}"
         rows.append([str(len(dates)), span, hardware, f"`{command}`"])
+    folded = any(f"--only {ONE_CELL}" in command for _, command in groups)
     return ["## Where the cells come from", "",
-            "Times in the tables are wall time on the machine that trained the cell.", "",
+            "Times in the tables are wall time on the machine that trained the cell."
+            + (f" `--only {ONE_CELL}` stands for the cells a run was given: with a cell's id it retrains "
+               "that cell (its record in the store keeps the whole command)." if folded else ""), "",
             *table(["cells", "date", "hardware", "command"], rows)]
 
 

@@ -10,7 +10,7 @@ import pytest
 
 from posattn import cli
 from posattn.errors import PositionError
-from posattn.experiments import store
+from posattn.experiments import report, store
 from posattn.experiments.publish import add_run
 from posattn.experiments.report import build
 from posattn.synthetic.compare import validate_config
@@ -163,3 +163,20 @@ def test_table3_report_from_records(tmp_path: Path) -> None:
     assert "# TISA Table 3 on minilm" in text and "| baseline | 61.0 (61.0 ± 1.0) | 61.0 (61.0 ± 1.0) |" in text
     assert "| the gains are stable regardless of S (Table 3a) |" in text
     assert (tmp_path / "out" / "scores.png").stat().st_size > 0
+
+
+def test_runs_given_different_cells_count_as_one_way_of_training(swept: Path, tmp_path: Path) -> None:
+    results = tmp_path / "results"
+    add_run(swept, root=results, command="posattn compare tiny --store --only 0a1b 2c3d --device cpu",
+            hardware="AMD EPYC, 2 cores")
+    sorted(p for p in (results / "tiny").glob("*.json") if p.stem != store.RECIPE_ID)[0].unlink()
+    add_run(swept, root=results, command="posattn compare tiny --store --only 'rope (1L)' --device cpu",
+            hardware="AMD EPYC, 2 cores")   # a later run given other cells retrains the one gone
+    _, text = build("tiny", results)
+    section = text.split("## Where the cells come from")[1]
+    rows = [line for line in section.splitlines() if line.startswith("| ")]
+    assert rows[1:] == [f"| 4 | {store.provenance('x')['date']} | AMD EPYC, 2 cores | "
+                        f"`posattn compare tiny --store --only {report.ONE_CELL} --device cpu` |"]
+    assert f"`--only {report.ONE_CELL}` stands for the cells a run was given" in section
+    assert report.one_cell_command("posattn compare tiny --store") == "posattn compare tiny --store"
+    assert report.one_cell_command("posattn compare tiny --only 'a") == "posattn compare tiny --only 'a"
