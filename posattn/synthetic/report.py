@@ -49,10 +49,23 @@ def _accuracies(cells: list[dict], length: int) -> list[float]:
     return [v for v in (r["accuracy"].get(str(length)) for r in cells) if v is not None]
 
 
-def mean_accuracy(results: list[dict], label: str, d_model: int, train_length: int, length: int) -> float | None:
-    """Mean test accuracy over seeds of the selected cells; ``None`` where the model could not run."""
-    values = _accuracies(_selected(results, label, d_model, train_length), length)
-    return statistics.fmean(values) if values else None
+def seed_accuracies(results: list[dict], label: str, d_model: int, train_length: int, length: int) -> list[float]:
+    """Test accuracy at ``length`` of each seed of the selected cells (empty where the model has no
+    finished cell or cannot run that length): the dots of the plots, whose lines are their mean."""
+    return _accuracies(_selected(results, label, d_model, train_length), length)
+
+
+def plot_series(config: dict[str, Any], results: list[dict], train_length: int,
+                d_model: int | None = None) -> dict[str, tuple[list[int], list[list[float]]]]:
+    """Per model, the x values and per-seed accuracies of one plot: accuracy vs test length of the
+    (``train_length``, ``d_model``) panel, or, with ``d_model`` None, accuracy vs width tested at
+    ``train_length``."""
+    n = train_length
+    if d_model is None:
+        xs = list(config["d_model"])
+        return {label: (xs, [seed_accuracies(results, label, d, n, n) for d in xs]) for label in _labels(config)}
+    xs = test_lengths(config)[n]
+    return {label: (xs, [seed_accuracies(results, label, d_model, n, m) for m in xs]) for label in _labels(config)}
 
 
 def _mean_seconds(cells: list[dict]) -> str:
@@ -88,6 +101,10 @@ def _shows_width(config: dict[str, Any], results: list[dict], train_length: int)
     widths, one of them with a finished cell."""
     widths = config["d_model"]
     return len(widths) > 1 and any(_panel(results, d, train_length) for d in widths)
+
+
+PLOT_KEY = ("Lines: mean over seeds at each model's best learning rate; dots: each seed, so that a bimodal "
+            "model (some seeds solve the task, others do not) shows as two dots rather than a middling mean.")
 
 
 def length_plot(train_length: int, d_model: int) -> str:
@@ -199,7 +216,8 @@ def report_text(config: dict[str, Any], results: list[dict], cells_total: int) -
                              *(_mean_std(cells, m) for m in lengths)])
             lines += md_table(header, rows)
             if len(lengths) > 1:   # one test length: the width plot below shows it
-                lines += [f"![accuracy vs test length, trained at {n}, d_model {d}]({length_plot(n, d)})", ""]
+                lines += [f"![accuracy vs test length, trained at {n}, d_model {d}]({length_plot(n, d)})", "",
+                          PLOT_KEY, ""]
             if len(tr["lr"]) > 1:
                 lines += [f"Learning-rate sweep: accuracy at length {n} (mean ± std over seeds) per lr; "
                           f"the row above uses the lr with the best mean validation accuracy.", ""]
@@ -213,7 +231,7 @@ def report_text(config: dict[str, Any], results: list[dict], cells_total: int) -
         rows = [[label, *(_mean_std(_selected(results, label, d, n), n, missing="–") for d in cfg["d_model"])]
                 for label in _labels(cfg)]
         lines += md_table(["model", *(f"d={d}" for d in cfg["d_model"])], rows)
-        lines += [f"![accuracy vs width, trained and tested at {n}]({width_plot(n)})", ""]
+        lines += [f"![accuracy vs width, trained and tested at {n}]({width_plot(n)})", "", PLOT_KEY, ""]
     if cfg.get("claims"):
         lines += [f"## The paper's claims, judged on test accuracy at the best lr (a difference counts beyond "
                   f"{SIGMAS:g} s.e.)", "", *md_table(["claim", "paper", "ours", "verdict"], claim_rows(cfg, results))]
@@ -245,9 +263,9 @@ def write_report(config: dict[str, Any], results: list[dict], out: Path, cells_t
 
 
 def write_plots(config: dict[str, Any], results: list[dict], out: Path) -> list[Path]:
-    """PNG plots: accuracy vs test length (one line per model) per panel with a finished cell and
-    several test lengths, and accuracy vs width per training length with several widths; the names
-    :func:`report_text` links."""
+    """PNG plots: accuracy vs test length per panel with a finished cell and several test lengths,
+    and accuracy vs width per training length with several widths, each model a mean line with a dot
+    per seed (:data:`PLOT_KEY`); the names :func:`report_text` links."""
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -263,10 +281,15 @@ def write_plots(config: dict[str, Any], results: list[dict], out: Path) -> list[
         plt.close(ax.figure)
         paths.append(out / name)
 
-    def line(ax: plt.Axes, xs: list[int], ys: list[float | None], label: str) -> None:
-        """One model's line; a model with no finished cell in the plot is named as such."""
-        shown = label if any(y is not None for y in ys) else f"{label}: no cell yet"
-        ax.plot(xs, [float("nan") if y is None else y for y in ys], marker="o", label=shown)
+    def line(ax: plt.Axes, xs: list[int], seeds: list[list[float]], label: str) -> None:
+        """One model's mean line and a dot per seed in its colour; a model with no finished cell in
+        the plot is named as such."""
+        shown = label if any(seeds) else f"{label}: no cell yet"
+        means = [statistics.fmean(v) if v else float("nan") for v in seeds]
+        (drawn,) = ax.plot(xs, means, marker="o", markersize=4, label=shown)
+        dots = [(x, y) for x, v in zip(xs, seeds, strict=True) for y in v]
+        if dots:
+            ax.scatter(*zip(*dots, strict=True), s=16, color=drawn.get_color(), alpha=0.6, linewidths=0)
 
     for n in cfg["train_length"]:
         lengths = all_lengths[n]
@@ -274,8 +297,8 @@ def write_plots(config: dict[str, Any], results: list[dict], out: Path) -> list[
             if not _panel(results, d, n) or len(lengths) == 1:
                 continue
             _, ax = plt.subplots(figsize=(6, 4))
-            for label in _labels(cfg):
-                line(ax, lengths, [mean_accuracy(results, label, d, n, m) for m in lengths], label)
+            for label, (xs, seeds) in plot_series(cfg, results, n, d).items():
+                line(ax, xs, seeds, label)
             ax.set_xscale("log", base=2)
             ax.set_xticks(lengths, [str(m) for m in lengths])
             ax.axvline(n, color="grey", linestyle=":")
@@ -283,8 +306,8 @@ def write_plots(config: dict[str, Any], results: list[dict], out: Path) -> list[
         if not _shows_width(cfg, results, n):
             continue
         _, ax = plt.subplots(figsize=(6, 4))
-        for label in _labels(cfg):
-            line(ax, cfg["d_model"], [mean_accuracy(results, label, d, n, n) for d in cfg["d_model"]], label)
+        for label, (xs, seeds) in plot_series(cfg, results, n).items():
+            line(ax, xs, seeds, label)
         ax.set_xscale("log", base=2)
         ax.set_xticks(cfg["d_model"], [str(d) for d in cfg["d_model"]])
         finish(ax, f"{cfg['task']}: trained and tested at {n}", "d_model", width_plot(n))

@@ -118,3 +118,40 @@ def test_one_test_length_per_panel_plots_width_only_and_an_empty_sweep_says_so_o
     empty = write_report(config, [], tmp_path, cells_total=32).read_text()
     assert "Partial: 0 of 32" in empty and empty.count("No finished cell yet") == 1
     assert "## Accuracy vs" not in empty and "| all | 0/8 | 0/8 | 0/8 | 0/8 | 0/32 |" in empty
+
+
+def test_plots_draw_every_seed_beside_the_mean_so_a_bimodal_model_shows(tmp_path, monkeypatch):
+    import matplotlib.figure
+
+    from posattn.synthetic.report import PLOT_KEY, plot_series
+
+    config = grid_config(test_lengths={"16": [16], "32": [32]})
+    # rope: one seed solves the task and one does not, at both widths; cat solves it at d 32 only
+    results = [cell("rope (2L)", 1e-2, 0, 1.0, False), cell("rope (2L)", 1e-2, 1, 0.0, False),
+               cell("rope (2L)", 1e-2, 0, 0.9, False, d_model=64), cell("rope (2L)", 1e-2, 1, 0.1, False, d_model=64),
+               cell("cat (1L)", 1e-2, 0, 1.0, False)]
+    select_lr(results)
+    series = plot_series(config, results, 16)
+    assert series["rope (2L)"] == ([32, 64], [[1.0, 0.0], [0.9, 0.1]])
+    assert series["cat (1L)"] == ([32, 64], [[1.0], []])
+
+    drawn = {}
+    save = matplotlib.figure.Figure.savefig
+
+    def keep(fig, path, **kw):
+        ax = fig.axes[0]
+        drawn[path.name] = {
+            "lines": {ln.get_label(): [round(float(y), 6) for y in ln.get_ydata()] for ln in ax.get_lines()
+                      if not ln.get_label().startswith("_")},
+            "dots": sorted(tuple(map(float, xy)) for c in ax.collections for xy in c.get_offsets())}
+        return save(fig, path, **kw)
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", keep)
+    write_plots(config, results, tmp_path)
+    width = drawn["accuracy_vs_width_L16.png"]
+    assert width["lines"]["rope (2L)"] == [0.5, 0.5]            # the mean alone hides the split ...
+    assert width["lines"]["cat (1L)"][0] == 1.0
+    assert width["dots"] == sorted([(32, 1.0), (32, 0.0), (64, 0.9), (64, 0.1), (32, 1.0)])  # ... the dots show it
+    assert "cat (1L)" in width["lines"] and "rope (2L): no cell yet" not in width["lines"]
+    report = write_report(config, results, tmp_path, cells_total=32).read_text()
+    assert report.count(PLOT_KEY) == report.count("](accuracy_vs_") == 1
