@@ -104,7 +104,7 @@ def _shows_width(config: dict[str, Any], results: list[dict], train_length: int)
 
 
 PLOT_KEY = ("Lines: mean over seeds at each model's best learning rate; dots: each seed, so that a bimodal "
-            "model (some seeds solve the task, others do not) shows as two dots rather than a middling mean.")
+            "model (some seeds solve the task, others do not) shows as separate dots rather than a middling mean.")
 
 
 def length_plot(train_length: int, d_model: int) -> str:
