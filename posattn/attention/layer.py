@@ -17,7 +17,9 @@ structures of :mod:`.terms`, never a mechanism's name:
 With ``rows`` (the last layer of a model whose loss reads a few positions) only those query rows
 are attended and projected, O(m·n) for m rows (:func:`.reference.attend_rows`), when every
 mechanism of the layer builds its terms for chosen rows (the mechanisms that decode
-incrementally, :func:`.decode.mode`); otherwise the whole layer runs and the rows are taken after.
+incrementally, :func:`.decode.mode`), or by the mixer itself when it gives chosen rows
+(``mixes_rows``) and no mechanism transforms the output; otherwise the whole layer runs and the
+rows are taken after.
 """
 from __future__ import annotations
 
@@ -39,17 +41,30 @@ PATHS: dict[str, object] = {"reference": reference.attend, "fast": fast.attend}
 
 
 def mix(mechanisms: list[Mechanism], q: Tensor, k: Tensor, v: Tensor, ctx: Context, path: Path = "fast",
-        dropout: float = 0.0, training: bool = False) -> Tensor:
+        dropout: float = 0.0, training: bool = False, rows: Tensor | None = None) -> Tensor:
     """Score terms, then softmax(s)·V on ``path`` or the mechanisms' mixer in its place:
-    [b, h, n, d_v] from q, k, v after their transforms."""
+    [b, h, n, d_v] from q, k, v after their transforms; with ``rows`` ([b|1, m], only for a
+    mixer that gives chosen rows, :func:`mixes_rows`) those query rows alone, [b, h, m, d_v]."""
     terms = [t for m in mechanisms for t in m.score_terms(q, k, ctx)]
     for m in mechanisms:
         if m.mixes:
-            return m.mix(q, k, v, terms, ctx, Softmax(path, PATHS[path], ctx.keep, ctx.causal, dropout, training,
-                                                      ctx.documents))
+            softmax = Softmax(path, PATHS[path], ctx.keep, ctx.causal, dropout, training, ctx.documents)
+            if rows is None:
+                return m.mix(q, k, v, terms, ctx, softmax)
+            if m.mixes_rows:
+                return m.mix(q, k, v, terms, ctx, softmax, rows)
+    if rows is not None:
+        raise PositionError("mix: rows are given to a mixer that gives chosen rows (mixes_rows) only")
     # softmax attention itself is called directly: building the frozen Softmax dataclass inside a
     # torch.compile'd step failed on CUDA (torch 2.11: "'Softmax' object has no attribute 'path'")
     return PATHS[path](q, k, v, terms, ctx.keep, ctx.causal, dropout, training, ctx.documents)
+
+
+def mixes_rows(mechanisms: list[Mechanism]) -> bool:
+    """Whether the layer's mixer gives chosen query rows alone (``mixes_rows``) and no mechanism
+    of the layer transforms the output (a transform reads the whole output)."""
+    plain = all(type(m).transform_output is Mechanism.transform_output for m in mechanisms)
+    return plain and any(m.mixes and m.mixes_rows for m in mechanisms)
 
 
 class Attention(nn.Module):
@@ -103,10 +118,13 @@ class Attention(nn.Module):
         """[b, n, d_model]; with ``rows`` ([b|1, m] positions) the output rows at those positions,
         [b, m, d_model]."""
         q, k, v = self.project(x, ctx)
-        if rows is not None and rows.shape[-1] < ctx.n and not blockers(list(self.mechanisms)):
+        few = rows is not None and rows.shape[-1] < ctx.n
+        if few and not blockers(list(self.mechanisms)):
             q = take_rows(q, rows)
             o = reference.attend_rows(q, k, v, self.terms(q, k, ctx), rows, ctx.keep, ctx.causal,
                                       self.dropout, self.training, ctx.documents)
+        elif few and mixes_rows(list(self.mechanisms)):
+            o = mix(list(self.mechanisms), q, k, v, ctx, self.path, self.dropout, self.training, rows)
         else:
             o = mix(list(self.mechanisms), q, k, v, ctx, self.path, self.dropout, self.training)
             for m in self.mechanisms:

@@ -15,7 +15,8 @@ A mechanism is an ``nn.Module`` that overrides any of these hooks:
   each): at most one mixer per layer; no score term on a mixer that has no score matrix
   (``takes_score_terms = False``); no decoder for a mixer that cannot be causal (its
   :meth:`Mechanism.validate`); no length beyond what a length-projected mixer was built for
-  (its :meth:`Mechanism.check`).
+  (its :meth:`Mechanism.check`). A mixer with ``mixes_rows = True`` also gives chosen query rows
+  alone (``mix(..., rows=...)``), so a model's last layer computes only the rows its loss reads.
 
 Class attributes describe the mechanism for ``posattn mechanisms`` (TISA Tables 1-2, generated);
 every claimed property is checked by a test. What other packages need to know about a mechanism
@@ -141,6 +142,7 @@ class Mechanism(nn.Module):
     share_layers_default: ClassVar[bool] = False
     mixes: ClassVar[bool] = False  # replaces softmax(s)·V with :meth:`mix`
     takes_score_terms: ClassVar[bool] = True  # a mixer: other mechanisms' score terms still apply
+    mixes_rows: ClassVar[bool] = False  # a mixer whose :meth:`mix` gives chosen query rows alone
     cost_class: ClassVar[str] = "none"  # a key of COST_CLASSES
     positional: ClassVar[bool] = True  # False: what it adds is not position (segment ids)
     reads_layer_input: ClassVar[bool] = False  # its hooks read ctx.x, the layer's input
@@ -235,8 +237,10 @@ class Mechanism(nn.Module):
         return o
 
     def mix(self, q: Tensor, k: Tensor, v: Tensor, terms: list[Term], ctx: Context,
-            softmax: Softmax) -> Tensor:
-        """A mixer's output [b, h, n, d_v] in place of softmax(s)·V (only when ``mixes``)."""
+            softmax: Softmax, rows: Tensor | None = None) -> Tensor:
+        """A mixer's output [b, h, n, d_v] in place of softmax(s)·V (only when ``mixes``); with
+        ``rows`` ([b|1, m] query positions, only when ``mixes_rows``) those rows alone, [b, h, m, d_v],
+        equal to the same rows of the whole output."""
         raise NotImplementedError
 
 

@@ -25,6 +25,12 @@ Attention dropout (the layer's ``dropout``) drops the probabilities over the can
 two paths lay those out differently ([N', N'] against [N', (top_k + 1)·B]), so they draw
 different masks and agree only without dropout.
 
+Chosen rows (``mixes_rows``: a model's last layer when its loss reads a few positions, as the
+synthetic tasks' do): the filters, landmarks and slots are those of the whole row, but only the
+m chosen queries select and attend, O(m·(L/B + (top_k + 1)·B)·d_h) instead of O(n·(...)). The
+reference form is the same dense mask restricted to those queries; the fast form
+(:func:`attend_row_blocks`) reads each query's chosen blocks and its own block by index.
+
 Packed rows (``ctx.documents``, positions restarting at each document): each document starts a
 fresh block (:class:`Slots`) and a query's candidate blocks are those of its own document, so
 every document is handled exactly as if it ran alone.
@@ -50,7 +56,7 @@ from torch import Tensor, nn
 
 from ..attention.dropout import dropout
 from ..attention.reference import weighted_values
-from ..attention.terms import Term
+from ..attention.terms import Term, take_rows
 from ..errors import PositionError
 from .base import Context, Dims, Softmax, document_positions, document_rank
 from .conv_layers import CAT
@@ -113,6 +119,7 @@ class LandmarkCAT(CAT):
     equation = "CAT q,k,v; ℓ_c = block conv of k; attend over top-k blocks by q·ℓ and the own block"
     translation_invariant = False
     mixes = True
+    mixes_rows = True
     cost_class = "mixer"
     takes_score_terms = False
 
@@ -145,46 +152,60 @@ class LandmarkCAT(CAT):
             raise self.fail("blocks are runs of consecutive positions; give each row (each document "
                             "of a packed row) consecutive position ids")
 
-    def select(self, q: Tensor, k: Tensor, slots: Slots, causal: bool) -> tuple[Tensor, Tensor, Tensor]:
-        """Landmark scores [b, h, N', nb], chosen blocks [b, h, N', top_k] and whether each
-        choice is a real candidate [b, h, N', top_k]."""
+    def select(self, q: Tensor, k: Tensor, slots: Slots, causal: bool,
+               at: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
+        """Landmark scores [b, h, m, nb], chosen blocks [b, h, m, top_k] and whether each
+        choice is a real candidate [b, h, m, top_k], for the queries q [b, h, m, d] at slots
+        ``at`` [b|1, m] (None: every slot, m = N')."""
         b, h, size, d = k.shape
         nb, blk = size // self.block, self.block
         landmarks = torch.einsum("bhcmd,m->bhcd", k.view(b, h, nb, blk, d), self.landmark.to(k.dtype))
         scores = q @ landmarks.transpose(-1, -2) / math.sqrt(d)
-        own = torch.arange(size, device=q.device) // blk
+        at = torch.arange(q.shape[-2], device=q.device)[None] if at is None else at
+        own = at // blk
         other = torch.arange(nb, device=q.device)
-        cand = other[None, :] < own[:, None] if causal else other[None, :] != own[:, None]  # [N', nb]
-        cand = cand & slots.real.view(-1, 1, nb, blk).any(-1)[:, :, None, :]  # [b, 1, N', nb]
+        cand = other < own[..., None] if causal else other != own[..., None]  # [b|1, m, nb]
+        cand = cand & slots.real.view(-1, nb, blk).any(-1)[:, None, :]
         block_doc = slots.doc.view(-1, nb, blk).amax(-1)  # every block lies in one document
-        cand = cand & (slots.doc[:, :, None] == block_doc[:, None, :])[:, None]  # a block of the query's own
-        masked = scores.masked_fill(~cand, float("-inf"))
+        cand = cand & (torch.take_along_dim(slots.doc, at, 1)[..., None] == block_doc[:, None, :])  # own document
+        masked = scores.masked_fill(~cand[:, None], float("-inf"))
         top = masked.topk(min(self.top_k, nb), dim=-1)
         return scores, top.indices, top.values > float("-inf")
 
     def mix(self, q: Tensor, k: Tensor, v: Tensor, terms: list[Term], ctx: Context,
-            softmax: Softmax) -> Tensor:
+            softmax: Softmax, rows: Tensor | None = None) -> Tensor:
         slots = Slots(ctx.positions, ctx.keep, self.block, ctx.documents)
         qs, ks, vs = slots.place(q), slots.place(k), slots.place(v)
-        scores, chosen, ok = self.select(qs, ks, slots, ctx.causal)
-        attend = self.dense if softmax.path == "reference" else self.grouped
-        return slots.take(attend(qs, ks, vs, scores, chosen, ok, slots, ctx.causal, softmax))
+        at = None if rows is None else torch.take_along_dim(slots.layout.slot, rows, 1)  # the rows' slots
+        if at is not None:
+            qs = take_rows(qs, at)
+        scores, chosen, ok = self.select(qs, ks, slots, ctx.causal, at)
+        if softmax.path == "reference":
+            o = self.dense(qs, ks, vs, scores, chosen, ok, slots, ctx.causal, softmax, at)
+        elif at is None:
+            o = self.grouped(qs, ks, vs, scores, chosen, ok, slots, ctx.causal, softmax)
+        else:
+            o = attend_row_blocks(qs, ks, vs, scores, chosen, ok, at, slots.real, ctx.causal, self.block,
+                                  self.selection == "soft", softmax.dropout, softmax.training)
+        return slots.take(o) if at is None else o
 
     def dense(self, q: Tensor, k: Tensor, v: Tensor, scores: Tensor, chosen: Tensor, ok: Tensor,
-              slots: Slots, causal: bool, softmax: Softmax) -> Tensor:
-        """Reference: the selection as an N'×N' mask (and bias) over every slot; one softmax."""
-        size, blk = q.shape[-2], self.block
-        block_of = torch.arange(size, device=q.device) // blk
-        picked = (block_of[None, None, None, :, None] == chosen[..., None, :]) & ok[..., None, :]
-        picked = picked.any(-1)  # [b, h, N', N']: key slot j lies in a chosen block of query t
+              slots: Slots, causal: bool, softmax: Softmax, at: Tensor | None = None) -> Tensor:
+        """Reference: the selection as an m×N' mask (and bias) over every slot, for the queries
+        at slots ``at`` (None: every slot, m = N'); one softmax."""
+        size, blk = k.shape[-2], self.block
         t = torch.arange(size, device=q.device)
-        own = block_of[:, None] == block_of[None, :]
+        at = t[None] if at is None else at  # [b|1, m]
+        block_of = t // blk
+        picked = (block_of[None, None, None, :, None] == chosen[..., None, :]) & ok[..., None, :]
+        picked = picked.any(-1)  # [b, h, m, N']: key slot j lies in a chosen block of query t
+        own = (at // blk)[..., None] == block_of  # [b|1, m, N']
         if causal:
-            own = own & (t[None, :] <= t[:, None])
-        allowed = (picked | own) & slots.real[:, None, None, :] | torch.eye(size, dtype=torch.bool, device=q.device)
+            own = own & (t <= at[..., None])
+        allowed = (picked | own[:, None]) & slots.real[:, None, None, :] | (t == at[..., None])[:, None]
         s = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
         if self.selection == "soft":
-            s = s + picked * scores.gather(-1, block_of.expand(*scores.shape[:2], size, size))
+            s = s + picked * scores.gather(-1, block_of.expand(*scores.shape[:3], size))
         return weighted_values(s, allowed, v, softmax.dropout, softmax.training)
 
     def grouped(self, q: Tensor, k: Tensor, v: Tensor, scores: Tensor, chosen: Tensor, ok: Tensor,
@@ -223,6 +244,31 @@ def attend_blocks(q: Tensor, k: Tensor, v: Tensor, scores: Tensor, chosen: Tenso
     o_sel = pairs.values(p[..., : kk * blk].reshape(b, h, size, kk, blk)).sum(-2)
     o_own = (p[..., kk * blk:].view(b, h, nb, blk, blk) @ v.view(b, h, nb, blk, -1)).view(b, h, size, -1)
     return o_sel + o_own
+
+
+def attend_row_blocks(q: Tensor, k: Tensor, v: Tensor, scores: Tensor, chosen: Tensor, ok: Tensor, at: Tensor,
+                      real: Tensor, causal: bool, blk: int, soft: bool, p_drop: float, training: bool) -> Tensor:
+    """Landmark CAT's fast path for a few query rows q [b, h, m, d] at slots ``at`` [b|1, m] over
+    the slots' k, v [b, h, N', d]: each row reads the keys and values of its chosen blocks and of
+    its own block by index (:class:`IndexedPairs`, [b, h, m, top_k + 1, B, d], small for few
+    rows); one softmax over the (top_k + 1)·B candidates, as :func:`attend_blocks` for every row."""
+    b, h, m, d = q.shape
+    nb, kk = k.shape[-2] // blk, chosen.shape[-1]
+    blocks = torch.cat([chosen, (at // blk)[:, None, :, None].expand(b, h, m, 1)], -1)  # chosen, then own
+    pairs = IndexedPairs(q, k, v, blocks, blk)
+    s = pairs.scores() / math.sqrt(d)  # [b, h, m, top_k + 1, B]
+    if soft:
+        s = s + torch.cat([scores.gather(-1, chosen), scores.new_zeros(b, h, m, 1)], -1)[..., None]
+    real = real.view(-1, 1, nb, blk).expand(b, h, nb, blk)
+    allow = real.gather(2, blocks.reshape(b, h, m * (kk + 1), 1).expand(-1, -1, -1, blk)).view(b, h, m, kk + 1, blk)
+    allow = allow & torch.cat([ok, ok.new_ones(b, h, m, 1)], -1)[..., None]
+    slot = blocks[..., kk:, None] * blk + torch.arange(blk, device=q.device)  # own block's slots [b, h, m, 1, B]
+    here = at[:, None, :, None, None]
+    own = allow[..., kk:, :] & (slot <= here) if causal else allow[..., kk:, :]
+    allow = torch.cat([allow[..., :kk, :], own | (slot == here)], -2)
+    s = s.masked_fill(~allow, float("-inf")).view(b, h, m, (kk + 1) * blk)
+    p = dropout(torch.softmax(s, -1), p_drop, training)
+    return pairs.values(p.view(b, h, m, kk + 1, blk)).sum(-2)
 
 
 def compiled_attend_blocks() -> Callable[..., Tensor]:
@@ -285,8 +331,8 @@ class IndexedPairs:
     stays one graph and is not compiled again when the selection changes."""
 
     def __init__(self, q: Tensor, k: Tensor, v: Tensor, chosen: Tensor, blk: int) -> None:
-        b, h, size, d = q.shape
-        nb = size // blk
+        b, h, _, d = q.shape
+        nb = k.shape[-2] // blk
         self.q = q
         rows = (torch.arange(b, device=q.device).view(b, 1, 1, 1), torch.arange(h, device=q.device).view(1, h, 1, 1))
         self.k = k.view(b, h, nb, blk, d)[(*rows, chosen)]  # [b, h, N', top_k, B, d], fused into its reader

@@ -149,6 +149,46 @@ def test_landmark_compiled_form_equals_reference_in_one_graph(spec, causal):
     assert graphs.frame_count == 1
 
 
+
+@pytest.mark.parametrize("path", ["reference", "fast"])
+@pytest.mark.parametrize("causal", [False, True], ids=["encoder", "decoder"])
+@pytest.mark.parametrize("spec", LANDMARKS, ids=lambda s: ",".join(f"{k}={v}" for k, v in s.items()))
+def test_landmark_scored_rows_alone_equal_the_whole_layer(spec, causal, path, monkeypatch):
+    """The last layer's Landmark CAT selects and attends for the scored rows alone (``mixes_rows``),
+    on both paths: the same rows and gradients as the whole layer, with padding, rows that start
+    at other positions, and packed documents; a row with no scored position gives nothing."""
+    from posattn.mechanisms import landmark
+    from posattn.mechanisms.base import document_positions
+
+    m = make([spec], causal, path)
+    ids, keep = ids_and_keep()
+    scored = torch.rand(ids.shape, generator=torch.Generator().manual_seed(4)) < 0.25
+    scored[0, 0] = scored[0, -1] = scored[1, 5] = True
+    scored[2] = False
+    scored &= keep
+    docs = torch.tensor([[0] * 9 + [1] * 14, [3] * 23, [0] * 4 + [1] * 6 + [2] * 13])
+    offset = torch.tensor([[0], [3], [7]]) + torch.arange(ids.shape[1])
+    from_doc = document_positions(docs) + torch.tensor([[0], [5], [2]])  # each document from its own start
+    seen, mixed = [], []
+    row_path, mix = landmark.attend_row_blocks, landmark.LandmarkCAT.mix
+    monkeypatch.setattr(landmark, "attend_row_blocks", lambda *a: seen.append(a[0].shape[-2]) or row_path(*a))
+    monkeypatch.setattr(landmark.LandmarkCAT, "mix", lambda *a, **k: mixed.append(mix(*a, **k)) or mixed[-1])
+    weights = torch.linspace(-1, 1, m.cfg.d_model, dtype=torch.float64)
+    for positions, documents in ((None, None), (offset, None), (from_doc, docs)):
+        kw = {"attention_mask": keep, "positions": positions, "document_ids": documents}
+        part = m.hidden(ids, scored=scored, **kw)
+        whole = m.hidden(ids, **kw)[scored]
+        torch.testing.assert_close(part, whole, rtol=1e-10, atol=1e-10)
+        grads = [torch.autograd.grad((out * weights).sum(), list(m.parameters()), allow_unused=True)
+                 for out in (part, m.hidden(ids, **kw)[scored])]
+        for a, b in zip(*grads):
+            torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-10)
+    rows = int(scored.sum(-1).max())  # the last layer's output rows: the most any batch row scores
+    n = ids.shape[1]  # two layers: the first whole, the last for the rows alone, then two whole forwards
+    assert [o.shape[-2] for o in mixed] == [n, rows, n, n, n, n] * 3
+    assert seen == ([rows] * 3 if path == "fast" else [])
+
+
 def test_compiled_blocks_policy_attends_through_inductor_off_the_cpu():
     """``Policy.compiled_blocks`` sends Landmark CAT's fast path off the CPU through
     torch.compile, where each pair reads its block by index; that compiled function (inductor,
