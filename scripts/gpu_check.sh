@@ -17,7 +17,8 @@
 # a stage may also use what the stages before it left of their boxes; 0 skips a stage),
 # GPU_CHECK_SHAPES ("4096x16 512x16 ..."), GPU_CHECK_MECHANISMS, GPU_CHECK_RECIPES, GPU_CHECK_RETEST=1
 # (run the CUDA tests although results/gpu_tests.json says they passed on this GPU at these sources), GPU_CHECK_TINY=1
-# (tiny sizes: the whole command on a CPU in a minute or two); see posattn/bench/gpu_check.py.
+# (tiny sizes: the whole command on a CPU in a few minutes, its store in $OUT/results, never the
+# repository's); see posattn/bench/gpu_check.py.
 set -u
 if [ -z "${OUT:-}" ] || [ ! -d "$OUT" ]; then
     echo "gpu_check.sh: set OUT to an existing folder for the results" >&2

@@ -31,7 +31,10 @@ under ``results/`` are packed into ``$OUT/results.tar.gz`` and ``$OUT/summary.tx
 stages ran, how long each took and what was left for lack of time.
 
 Settings come from the environment (:class:`Settings`); ``GPU_CHECK_TINY=1`` shrinks every size
-so the whole command runs on a CPU in a minute or two.
+so the whole command runs on a CPU in a few minutes. A tiny run keeps its store in ``$OUT/results``
+(``$POSATTN_RESULTS`` where set), never in the repository's ``results/``; with that store empty its
+CAT stage trains the figures' first cells at full size until the deadline (``GPU_CHECK_RECIPES=""``
+skips the stage).
 """
 from __future__ import annotations
 
@@ -244,7 +247,8 @@ class Settings:
                     raise ValueError(f"GPU_CHECK_BOXES: unknown stage {name!r} (stages: {', '.join(BOXES)})")
                 s.boxes[name] = float(value)
             s.work = Path(get("GPU_CHECK_WORK", s.work))
-            s.results = Path(get("POSATTN_RESULTS", s.results))
+            # a tiny run is a smoke test: its numbers never belong in the repository's store
+            s.results = Path(get("POSATTN_RESULTS", s.out / "results" if s.tiny else s.results))
             if "GPU_CHECK_TESTS" in env:
                 s.tests = env["GPU_CHECK_TESTS"].split()
             s.retest = get("GPU_CHECK_RETEST", "0") not in ("", "0")

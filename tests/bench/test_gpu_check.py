@@ -127,6 +127,18 @@ def test_settings_refuse_bad_values(tmp_path: Path) -> None:
             Settings.from_env(tmp_path, env)
 
 
+def test_a_tiny_run_keeps_its_store_out_of_the_repository(tmp_path: Path) -> None:
+    """A smoke test's numbers must not land in the committed ``results/``: a tiny run's store is
+    ``$OUT/results`` unless POSATTN_RESULTS names one; a real run's is ``results/``."""
+    assert Settings.from_env(tmp_path, {}).results == Path("results")
+    assert Settings.from_env(tmp_path, {"GPU_CHECK_TINY": "1"}).results == tmp_path / "results"
+    assert Settings.from_env(tmp_path, {"GPU_CHECK_TINY": "0"}).results == Path("results")
+    named = tmp_path / "elsewhere"
+    for tiny in ("0", "1"):
+        s = Settings.from_env(tmp_path, {"GPU_CHECK_TINY": tiny, "POSATTN_RESULTS": str(named)})
+        assert s.results == named
+
+
 def test_default_boxes_leave_the_cat_stage_its_minutes(tmp_path: Path) -> None:
     """Every box spent, the default deadline still leaves the CAT cells CAT_SECONDS: a compare
     start-up, a minute of training and the publishing of what finished."""
