@@ -14,7 +14,8 @@
 # (the CAT cells' --compile mode, reduce-overhead; none: eager), GPU_CHECK_REPEATS (3), GPU_CHECK_COMPILE_MODE
 # (default), GPU_CHECK_COMPILE_GROUP (1) and GPU_CHECK_EAGER_GROUP (4) (mechanisms per run),
 # GPU_CHECK_BOXES ("tests=90 layer_eager=35 layer_compiled=35 models=45 profile=30 ab=40 throughput=30";
-# a stage may also use what the stages before it left of their boxes; 0 skips a stage),
+# a stage may also use what the stages before it left of their boxes; 0 skips a stage; with every
+# CAT figure complete in the store, the time left for its cells goes to these boxes in proportion),
 # GPU_CHECK_SHAPES ("4096x16 512x16 ..."), GPU_CHECK_MECHANISMS, GPU_CHECK_RECIPES, GPU_CHECK_RETEST=1
 # (run the CUDA tests although results/gpu_tests.json says they passed on this GPU at these sources), GPU_CHECK_TINY=1
 # (tiny sizes: the whole command on a CPU in a few minutes, its store in $OUT/results, never the

@@ -21,7 +21,8 @@ each result as soon as it exists:
    worker against several workers per GPU and the compiled step, on its largest and a middle
    shape;
 8. ``cat``: the next unfinished cells of the CAT figure recipes (``posattn compare``), in each
-   recipe the cells of its costliest unfinished panels first (:func:`gpu_cells`).
+   recipe the cells of its costliest unfinished panels first (:func:`gpu_cells`). When every
+   recipe is complete in the store, the stages before it get its time (:func:`fill_boxes`).
 
 Each stage is a child process killed at the end of its time box (or of the whole deadline), so
 a kill loses at most the run in flight; every measured setup is a results-store record
@@ -68,6 +69,7 @@ from .throughput import EAGER  # GPU_CHECK_CAT_COMPILE's name for no torch.compi
 
 STAGES = ("tests", "layer_eager", "layer_compiled", "models", "profile", "ab", "throughput", "cat")
 # the longest each stage may take (seconds), within the whole deadline; "cat" takes what is left
+# (and when no CAT cell is left to train, fill_boxes gives that time to the measurement stages)
 # (a first window measures; the stages skip what the store holds, so later windows go to the CAT cells)
 # (the first windows spent every box, so the CAT stage got 0 to 130 s and no cell: the boxes now
 # leave it CAT_SECONDS at least of the default deadline; the tests, which compile FlexAttention
@@ -705,6 +707,33 @@ def gpu_cells(cells: list[Any], present: set[str], at_least: int) -> list[str]:
     return picked
 
 
+def cat_pending(s: Settings) -> bool:
+    """Whether a CAT recipe of ``s.recipes`` has a cell the store lacks (a recipe the checkout
+    cannot load gives the CAT stage nothing to train: its note says why)."""
+    for recipe in s.recipes:
+        try:
+            _, present, cells = stored(recipe, s.results)
+        except Exception:
+            continue
+        if len(present) < len(cells):
+            return True
+    return False
+
+
+def fill_boxes(s: Settings) -> float:
+    """With no CAT cell left to train, the time the CAT stage would have taken (the deadline less
+    the boxes and :data:`RESERVE`) goes to the measurement stages: each nonzero box but the tests'
+    grows by the same factor, returned (1.0: the boxes are left as they are)."""
+    grow = [name for name, box in s.boxes.items() if name != "tests" and box > 0]
+    free = s.seconds - RESERVE - sum(s.boxes.values())
+    if not grow or free <= 0 or cat_pending(s):
+        return 1.0
+    factor = 1.0 + free / sum(s.boxes[name] for name in grow)
+    for name in grow:
+        s.boxes[name] *= factor
+    return factor
+
+
 # -- the driver -----------------------------------------------------------------------------------
 @dataclass
 class StageResult:
@@ -722,6 +751,7 @@ class Driver:
         self.start = time.monotonic()
         self.results: list[StageResult] = []
         self.spare = 0.0  # seconds the stages so far left of their boxes: the next stage may use them
+        self.grown = 1.0  # the factor fill_boxes gave the boxes
         self.log = (s.out / "gpu_check.log").open("a")
         self.before = self._snapshot()
 
@@ -812,6 +842,7 @@ class Driver:
 
     def run(self) -> None:
         s = self.s
+        self.grown = fill_boxes(s)
         self.tests()
         self.stage("layer_eager", self.me("--stage", "layer_eager"), left=lambda: self.layer_left("eager"))
         self.stage("layer_compiled", self.me("--stage", "layer_compiled"),
@@ -883,6 +914,9 @@ class Driver:
         write_bytes_atomic(self.s.out / ARCHIVE, buf.getvalue())
         lines = [f"gpu check: {time.monotonic() - self.start:.0f} s of {self.s.seconds:.0f}, device {self.s.device}",
                  f"{len(changed)} new or changed files under {self.s.results}/ in {ARCHIVE}", ""]
+        if self.grown > 1.0:
+            lines[-1:-1] = [f"no CAT cell left to train: the measurement stages' boxes grew {self.grown:.2f}x "
+                            f"to fill the deadline"]
         shown = self.results + ([extra] if extra else [])
         for r in shown:
             lines.append(f"{r.name:15s} {r.status:28s} {r.seconds:6.0f} s  {r.note}".rstrip())

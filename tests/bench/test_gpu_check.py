@@ -41,6 +41,19 @@ def tiny(tmp_path: Path, **kw: object) -> Settings:
     return s
 
 
+def tiny_cat(tmp_path: Path, train_length: str = "16", d_model: str = "16", train: int = 64, held: int = 16,
+             steps: int = 3) -> Path:
+    """A two-model MQAR recipe small enough to train in seconds (the CAT stage's tests)."""
+    config = tmp_path / "tiny.yaml"
+    config.write_text(f"name: tiny_cat\ntask: mqar\ntask_params: {{num_kv_pairs: 2}}\nvocab_size: 16\n"
+                      f"train_length: {train_length}\ntest_multipliers: [1]\n"
+                      f"examples: {{train: {train}, valid: {held}, test: {held}}}\n"
+                      f"d_model: {d_model}\nn_heads: 2\nd_ff: 0\nmodels:\n  - {{mechanisms: [cat], layers: 1}}\n"
+                      f"  - {{mechanisms: [rope], layers: 1}}\n"
+                      f"training: {{steps: {steps}, batch_size: 8, lr: 0.003}}\n")
+    return config
+
+
 def test_layer_stage_stores_each_setup_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     s = tiny(tmp_path, mechanisms=["absolute", "rope"])  # no mechanism of the layer target: no target run
     layer_stage(s, "eager", tmp_path / "rows.json")
@@ -196,11 +209,7 @@ def test_a_stage_may_use_what_the_stages_before_it_left_of_their_boxes(tmp_path:
 
 
 def test_cells_in_the_store_are_counted_for_the_cat_stage(tmp_path: Path) -> None:
-    config = tmp_path / "tiny.yaml"
-    config.write_text("name: tiny_cat\ntask: mqar\ntask_params: {num_kv_pairs: 2}\nvocab_size: 16\n"
-                      "train_length: 16\ntest_multipliers: [1]\nexamples: {train: 100, valid: 20, test: 20}\n"
-                      "d_model: 16\nn_heads: 2\nd_ff: 0\nmodels:\n  - {mechanisms: [cat], layers: 1}\n"
-                      "  - {mechanisms: [rope], layers: 1}\ntraining: {steps: 5, batch_size: 8, lr: 0.003}\n")
+    config = tiny_cat(tmp_path, train=100, held=20, steps=5)
     from posattn.experiments.publish import recipe_result
     from posattn.experiments.runs import Run
 
@@ -220,11 +229,7 @@ def test_cells_in_the_store_are_counted_for_the_cat_stage(tmp_path: Path) -> Non
 def test_the_gpu_takes_the_costliest_panels_first(tmp_path: Path) -> None:
     """The CAT stage hands a GPU the unfinished cells of a recipe's costliest panels (d_model ×
     training length), enough for its workers; the small ones are left to CPUs."""
-    config = tmp_path / "tiny.yaml"
-    config.write_text("name: tiny_cat\ntask: mqar\ntask_params: {num_kv_pairs: 2}\nvocab_size: 16\n"
-                      "train_length: [16, 32]\ntest_multipliers: [1]\nexamples: {train: 100, valid: 20, test: 20}\n"
-                      "d_model: [8, 16]\nn_heads: 2\nd_ff: 0\nmodels:\n  - {mechanisms: [cat], layers: 1}\n"
-                      "  - {mechanisms: [rope], layers: 1}\ntraining: {steps: 5, batch_size: 8, lr: 0.003}\n")
+    config = tiny_cat(tmp_path, train_length="[16, 32]", d_model="[8, 16]", train=100, held=20, steps=5)
     from posattn.experiments.publish import recipe_result
     from posattn.experiments.runs import Run
 
@@ -252,11 +257,7 @@ def test_the_gpu_takes_the_costliest_panels_first(tmp_path: Path) -> None:
 
 def test_cat_stage_trains_the_missing_cells_into_the_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("POSATTN_NATIVE", "0")  # the child compare need not wait for the fused kernels' build
-    config = tmp_path / "tiny.yaml"
-    config.write_text("name: tiny_cat\ntask: mqar\ntask_params: {num_kv_pairs: 2}\nvocab_size: 16\n"
-                      "train_length: 16\ntest_multipliers: [1]\nexamples: {train: 64, valid: 16, test: 16}\n"
-                      "d_model: 16\nn_heads: 2\nd_ff: 0\nmodels:\n  - {mechanisms: [cat], layers: 1}\n"
-                      "  - {mechanisms: [rope], layers: 1}\ntraining: {steps: 3, batch_size: 8, lr: 0.003}\n")
+    config = tiny_cat(tmp_path)
     s = tiny(tmp_path, seconds=400.0, recipes=[str(config)], workers=1, cat_compile="dynamo")
     driver = Driver(s)
     driver.cat()
@@ -267,6 +268,46 @@ def test_cat_stage_trains_the_missing_cells_into_the_store(tmp_path: Path, monke
     assert "tiny_cat: 2 new cells, 2/2 in the store" in driver.results[-1].note
     driver.cat()   # nothing left: no compare starts
     assert "tiny_cat: complete in the store (2 cells)" in driver.results[-1].note
+
+
+def test_with_every_cat_cell_stored_the_measurement_stages_get_the_cat_time(tmp_path: Path) -> None:
+    from posattn.bench.gpu_check import fill_boxes
+    from posattn.experiments.publish import recipe_result
+    from posattn.experiments.runs import Run
+
+    config = tiny_cat(tmp_path)
+    sweep = validate_config(load_config(str(config)))
+
+    def settings(**kw: object) -> Settings:
+        return tiny(tmp_path, **{"seconds": 480.0, "recipes": [str(config)], "boxes": dict(gpu_check.BOXES), **kw})
+
+    s = settings()
+    assert fill_boxes(s) == 1.0 and s.boxes == gpu_check.BOXES   # two cells to train: the CAT stage keeps its time
+    prov = store.provenance("posattn compare", "cpu")
+    recipe = recipe_result(Run(tmp_path, "compare", "tiny_cat", sweep.config, {}, 2, "posattn compare"))
+    store.publish("tiny_cat", store.RECIPE_ID, recipe, prov, kind="recipe", root=s.results)
+    store.publish("tiny_cat", sweep.cells[0].id, {"id": sweep.cells[0].id, "accuracy": {"16": 0.5}}, prov,
+                  root=s.results)
+    assert fill_boxes(s) == 1.0 and s.boxes == gpu_check.BOXES   # one still missing
+    store.publish("tiny_cat", sweep.cells[1].id, {"id": sweep.cells[1].id, "accuracy": {"16": 0.5}}, prov,
+                  root=s.results)
+    factor = fill_boxes(s)
+    others = sum(v for k, v in gpu_check.BOXES.items() if k != "tests")
+    assert factor == pytest.approx(1 + (480 - gpu_check.RESERVE - sum(gpu_check.BOXES.values())) / others)
+    assert sum(s.boxes.values()) == pytest.approx(480 - gpu_check.RESERVE)
+    assert s.boxes["tests"] == gpu_check.BOXES["tests"]
+    assert all(s.boxes[k] == pytest.approx(v * factor) for k, v in gpu_check.BOXES.items() if k != "tests")
+    # a stage switched off stays off; a deadline the boxes already fill leaves them as they are
+    s = settings(boxes={**gpu_check.BOXES, "ab": 0.0})
+    assert fill_boxes(s) > 1.0 and s.boxes["ab"] == 0.0
+    s = settings(seconds=200.0)
+    assert fill_boxes(s) == 1.0 and s.boxes == gpu_check.BOXES
+    # the summary says so
+    s = settings()
+    driver = Driver(s)
+    driver.grown = fill_boxes(s)
+    driver.finish()
+    assert f"boxes grew {factor:.2f}x" in (tmp_path / "summary.txt").read_text()
 
 
 def test_throughput_stage_is_tiny_and_stores_each_setting_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
