@@ -28,7 +28,7 @@ from posattn.bench.models import model_name
 from posattn.bench.store import AB_RECIPE, LAYER_RECIPE, publish_rows, setup
 from posattn.errors import PositionError
 from posattn.experiments import store
-from posattn.synthetic.compare import load_config, validate_config
+from posattn.synthetic.compare import Sweep, load_config, validate_config
 
 bench_run = importlib.import_module("posattn.bench.run")  # the module (the package exports its run())
 
@@ -52,6 +52,21 @@ def tiny_cat(tmp_path: Path, train_length: str = "16", d_model: str = "16", trai
                       f"  - {{mechanisms: [rope], layers: 1}}\n"
                       f"training: {{steps: {steps}, batch_size: 8, lr: 0.003}}\n")
     return config
+
+
+def store_cells(sweep: Sweep, root: Path, *ids: str) -> None:
+    """The store at ``root`` as a run of ``sweep`` leaves it: the recipe's record (once) and a
+    result for each cell of ``ids``."""
+    from posattn.experiments.publish import recipe_result
+    from posattn.experiments.runs import Run
+
+    prov = store.provenance("posattn compare", "cpu")
+    recipe = recipe_result(Run(root.parent, "compare", sweep.name, sweep.config, {}, len(sweep.cells),
+                               "posattn compare"))
+    store.publish(sweep.name, store.RECIPE_ID, recipe, prov, kind="recipe", root=root)
+    length = {cell.id: cell.train_length for cell in sweep.cells}
+    for cell_id in ids:
+        store.publish(sweep.name, cell_id, {"id": cell_id, "accuracy": {str(length[cell_id]): 0.5}}, prov, root=root)
 
 
 def test_layer_stage_stores_each_setup_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -210,17 +225,12 @@ def test_a_stage_may_use_what_the_stages_before_it_left_of_their_boxes(tmp_path:
 
 def test_cells_in_the_store_are_counted_for_the_cat_stage(tmp_path: Path) -> None:
     config = tiny_cat(tmp_path, train=100, held=20, steps=5)
-    from posattn.experiments.publish import recipe_result
-    from posattn.experiments.runs import Run
-
     sweep = validate_config(load_config(str(config)))
     first, root = sweep.cells[0], tmp_path / "results"
     name, present, cells = stored(str(config), root)
     assert (name, len(present), len(cells)) == ("tiny_cat", 0, 2)
+    store_cells(sweep, root, first.id)
     prov = store.provenance("posattn compare", "cpu")
-    recipe = recipe_result(Run(tmp_path, "compare", "tiny_cat", sweep.config, {}, 2, "posattn compare"))
-    store.publish("tiny_cat", store.RECIPE_ID, recipe, prov, kind="recipe", root=root)
-    store.publish("tiny_cat", first.id, {"id": first.id, "accuracy": {"16": 0.5}}, prov, root=root)
     store.publish("tiny_cat", "0123456789ab", {"id": "0123456789ab"}, prov, root=root)   # not a cell of this config
     name, present, cells = stored(str(config), root)
     assert (name, present, len(cells)) == ("tiny_cat", {first.id}, 2)
@@ -230,9 +240,6 @@ def test_the_gpu_takes_the_costliest_panels_first(tmp_path: Path) -> None:
     """The CAT stage hands a GPU the unfinished cells of a recipe's costliest panels (d_model ×
     training length), enough for its workers; the small ones are left to CPUs."""
     config = tiny_cat(tmp_path, train_length="[16, 32]", d_model="[8, 16]", train=100, held=20, steps=5)
-    from posattn.experiments.publish import recipe_result
-    from posattn.experiments.runs import Run
-
     sweep, root = validate_config(load_config(str(config))), tmp_path / "results"
 
     def panel(d: int, n: int) -> list[str]:
@@ -246,11 +253,7 @@ def test_the_gpu_takes_the_costliest_panels_first(tmp_path: Path) -> None:
     # d 8 at 32 and d 16 at 16 cost the same: the longer training length first
     assert picked(3) == panel(16, 32) + panel(8, 32)
     assert sorted(picked(100)) == sorted(c.id for c in sweep.cells)
-    prov = store.provenance("posattn compare", "cpu")
-    recipe = recipe_result(Run(tmp_path, "compare", "tiny_cat", sweep.config, {}, 8, "posattn compare"))
-    store.publish("tiny_cat", store.RECIPE_ID, recipe, prov, kind="recipe", root=root)
-    done = panel(16, 32)[0]
-    store.publish("tiny_cat", done, {"id": done, "accuracy": {"32": 0.5}}, prov, root=root)
+    store_cells(sweep, root, panel(16, 32)[0])
     assert picked(1) == panel(16, 32)[1:]
     assert picked(2) == panel(16, 32)[1:] + panel(8, 32)
 
@@ -272,8 +275,6 @@ def test_cat_stage_trains_the_missing_cells_into_the_store(tmp_path: Path, monke
 
 def test_with_every_cat_cell_stored_the_measurement_stages_get_the_cat_time(tmp_path: Path) -> None:
     from posattn.bench.gpu_check import fill_boxes
-    from posattn.experiments.publish import recipe_result
-    from posattn.experiments.runs import Run
 
     config = tiny_cat(tmp_path)
     sweep = validate_config(load_config(str(config)))
@@ -283,14 +284,9 @@ def test_with_every_cat_cell_stored_the_measurement_stages_get_the_cat_time(tmp_
 
     s = settings()
     assert fill_boxes(s) == 1.0 and s.boxes == gpu_check.BOXES   # two cells to train: the CAT stage keeps its time
-    prov = store.provenance("posattn compare", "cpu")
-    recipe = recipe_result(Run(tmp_path, "compare", "tiny_cat", sweep.config, {}, 2, "posattn compare"))
-    store.publish("tiny_cat", store.RECIPE_ID, recipe, prov, kind="recipe", root=s.results)
-    store.publish("tiny_cat", sweep.cells[0].id, {"id": sweep.cells[0].id, "accuracy": {"16": 0.5}}, prov,
-                  root=s.results)
+    store_cells(sweep, s.results, sweep.cells[0].id)
     assert fill_boxes(s) == 1.0 and s.boxes == gpu_check.BOXES   # one still missing
-    store.publish("tiny_cat", sweep.cells[1].id, {"id": sweep.cells[1].id, "accuracy": {"16": 0.5}}, prov,
-                  root=s.results)
+    store_cells(sweep, s.results, sweep.cells[1].id)
     factor = fill_boxes(s)
     others = sum(v for k, v in gpu_check.BOXES.items() if k != "tests")
     assert factor == pytest.approx(1 + (480 - gpu_check.RESERVE - sum(gpu_check.BOXES.values())) / others)
