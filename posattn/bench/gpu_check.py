@@ -913,10 +913,11 @@ class Driver:
                 tar.add(self.s.results / rel, arcname=str(Path("results") / rel))
         write_bytes_atomic(self.s.out / ARCHIVE, buf.getvalue())
         lines = [f"gpu check: {time.monotonic() - self.start:.0f} s of {self.s.seconds:.0f}, device {self.s.device}",
-                 f"{len(changed)} new or changed files under {self.s.results}/ in {ARCHIVE}", ""]
+                 f"{len(changed)} new or changed files under {self.s.results}/ in {ARCHIVE}"]
         if self.grown > 1.0:
-            lines[-1:-1] = [f"no CAT cell left to train: the measurement stages' boxes grew {self.grown:.2f}x "
-                            f"to fill the deadline"]
+            lines.append(f"no CAT cell left to train: the measurement stages' boxes grew {self.grown:.2f}x "
+                         f"to fill the deadline")
+        lines.append("")
         shown = self.results + ([extra] if extra else [])
         for r in shown:
             lines.append(f"{r.name:15s} {r.status:28s} {r.seconds:6.0f} s  {r.note}".rstrip())
