@@ -17,6 +17,7 @@ from posattn.bench.cases import Sizes
 from posattn.bench.gpu_check import (
     Driver,
     Settings,
+    fill_boxes,
     gpu_cells,
     layer_plan,
     layer_stage,
@@ -274,8 +275,6 @@ def test_cat_stage_trains_the_missing_cells_into_the_store(tmp_path: Path, monke
 
 
 def test_with_every_cat_cell_stored_the_measurement_stages_get_the_cat_time(tmp_path: Path) -> None:
-    from posattn.bench.gpu_check import fill_boxes
-
     config = tiny_cat(tmp_path)
     sweep = validate_config(load_config(str(config)))
 
